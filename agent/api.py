@@ -1,0 +1,158 @@
+"""Requests the agent answers on its own socket (the CLI's): one table of handlers.
+
+Each handler validates its arguments completely before touching anything, so bad input gets a
+one-line error and changes nothing.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import shared
+from agent.db import ACTIVE, FINAL
+from agent.ledger import Request as ResourceRequest
+from shared import protocol
+from shared.errors import BadRequest, NotFound, ResourceError, StateError, UnknownKind
+from shared.protocol import arg_int, arg_number, arg_str, arg_str_list, check_known
+from shared.timers import rfc3339_now
+from shared.wire import Peer
+
+if TYPE_CHECKING:
+    from agent.daemon import Agent
+
+PENDING = object()
+Handler = Callable[["Agent", Peer, protocol.Request], Any]
+MAX_HOLD = 600.0
+
+
+def hello(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
+    check_known(req.args, req.kind, ("versions",))
+    return {"role": "agent", "protocol": protocol.negotiate(req.args.get("versions")),
+            "version": shared.__version__, "node": agent.cfg.node, "pid": os.getpid()}
+
+
+def status(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
+    check_known(req.args, req.kind, ())
+    out: dict[str, Any] = {"node": agent.cfg.node, "version": shared.__version__,
+                           "pid": os.getpid(), "state_dir": agent.cfg.state_dir}
+    out.update(agent.ledger.usage())
+    out["jobs"] = agent.db.counts()
+    return out
+
+
+def _job(agent: Agent, args: Any) -> Any:
+    job_id = arg_int(args, "job", minimum=1)
+    job = agent.db.get(job_id)
+    if job is None:
+        raise NotFound(f"no job {job_id}")
+    return job
+
+
+def _abs_path(args: Any, name: str, workdir: str) -> str | None:
+    value = arg_str(args, name, optional=True)
+    if value is None or value == "":
+        return None
+    return os.path.normpath(os.path.join(workdir, value))
+
+
+def submit(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
+    args = req.args
+    check_known(args, req.kind, ("command", "name", "cpus", "gpus", "memory_mb", "ntasks",
+                                 "output", "error", "workdir", "env"))
+    command = arg_str_list(args, "command")
+    if not command or not command[0]:
+        raise BadRequest("a job needs a command")
+    cpus = arg_int(args, "cpus", default=1, minimum=1, maximum=1 << 20)
+    gpus = arg_int(args, "gpus", default=0, minimum=0, maximum=1 << 16)
+    memory = arg_int(args, "memory_mb", default=0, minimum=0, maximum=1 << 40)
+    ntasks = arg_int(args, "ntasks", default=1, minimum=1, maximum=1 << 16)
+    workdir = arg_str(args, "workdir")
+    assert workdir is not None
+    if not os.path.isabs(workdir):
+        raise BadRequest(f"working directory {workdir!r} must be an absolute path")
+    if not os.path.isdir(workdir):
+        raise BadRequest(f"working directory {workdir} does not exist or is not a directory")
+    env = args.get("env", {})
+    if not isinstance(env, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) and k and "=" not in k and "\0" not in k + v
+        for k, v in env.items()
+    ):
+        raise BadRequest("'env' must map variable names to string values")
+    name = arg_str(args, "name", optional=True, max_len=256) or os.path.basename(command[0])
+    output = _abs_path(args, "output", workdir)
+    error = _abs_path(args, "error", workdir)
+    for label, path in (("output", output), ("error", error)):
+        if path is not None and not os.path.isdir(os.path.dirname(path)):
+            raise BadRequest(f"{label} file {path}: its directory does not exist")
+    why = agent.ledger.never_fits(ResourceRequest(cpus * ntasks, gpus, memory))
+    if why:
+        per = f" ({ntasks} tasks x {cpus} CPUs)" if ntasks > 1 else ""
+        raise ResourceError(f"job can never run on node {agent.cfg.node}: it {why}{per}")
+    job = agent.db.insert(
+        name=name, command=command, state="pending", cpus_per_task=cpus, ntasks=ntasks,
+        gpus_req=gpus, memory_mb=memory, output="", error="", workdir=workdir, env=env,
+        submitted_at=rfc3339_now(),
+    )
+    out = (output or os.path.join(workdir, "tether-%j.out")).replace("%j", str(job.id))
+    err = (error or out).replace("%j", str(job.id))
+    job = agent.db.update(job.id, output=out, error=err)
+    agent.schedule_due = True
+    return job.public()
+
+
+def list_jobs(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
+    check_known(req.args, req.kind, ())
+    return [j.public() for j in agent.db.all()]
+
+
+def show(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
+    check_known(req.args, req.kind, ("job",))
+    return _job(agent, req.args).public()
+
+
+def wait(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
+    check_known(req.args, req.kind, ("job", "hold"))
+    job = _job(agent, req.args)
+    hold = arg_number(req.args, "hold", default=30.0, maximum=MAX_HOLD)
+    if job.final:
+        return {"done": True, "job": job.public()}
+    agent.add_waiter(job.id, peer, req.id, hold)
+    return PENDING
+
+
+def cancel(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
+    check_known(req.args, req.kind, ("job",))
+    job = _job(agent, req.args)
+    if job.state in FINAL:
+        raise StateError(f"job {job.id} has already ended ({job.state})")
+    if job.state == "pending":
+        agent.finalize(job, state="cancelled", exit_code=None, sig=None,
+                       reason="cancelled while pending")
+        return agent.db.get_required(job.id).public()
+    assert job.state in ACTIVE
+    job = agent.db.update(job.id, cancel_requested=1)  # durable before anything is sent
+    link = agent.links.get(job.id)
+    if link is not None and link.pidfd is not None:
+        agent.terminate(link, job)
+    # otherwise the claim or reattach path sees cancel_requested and acts on it
+    return job.public()
+
+
+HANDLERS: dict[str, Handler] = {
+    "hello": hello,
+    "status": status,
+    "submit": submit,
+    "list": list_jobs,
+    "show": show,
+    "wait": wait,
+    "cancel": cancel,
+}
+
+
+def dispatch(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
+    handler = HANDLERS.get(req.kind)
+    if handler is None:
+        raise UnknownKind(f"unknown request kind {req.kind!r}")
+    return handler(agent, peer, req)

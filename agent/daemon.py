@@ -1,0 +1,576 @@
+"""The agent's event loop and job lifecycle (I/O).
+
+Theory of operation. One thread, one ``zmq.Poller`` over: the client ROUTER (the CLI), one DEALER
+per supervisor, one pidfd per supervisor, and a signal wakeup socket; plus a timer heap. The
+database is the only durable state and is written before anyone is told anything.
+
+A job's life, as seen from here (the numbers are those of docs/architecture.md):
+  pending -> [allocate, record ``starting`` + attempt + allocation] -> spawn -> hello -> claim
+  -> [record ``running``] -> wait (long poll, re-issued) -> [record the result, free the
+  allocation, answer waiters] -> ack -> the supervisor removes its run directory and exits.
+
+When a supervisor's pidfd fires the link is drained first (its last reply and its exit can land
+in one poll), then, if the job is still active, the run directory decides: see ``fallback.py``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import logging
+import os
+import shutil
+import signal
+import socket
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import zmq
+
+import shared
+from agent import api, fallback
+from agent.db import ACTIVE, Job, Store
+from agent.ledger import Conflict, Ledger, Request
+from agent.link import Link
+from agent.spawn import SpawnError, spawn_supervisor
+from shared import protocol, wire
+from shared.errors import RemoteError, TetherError, Unreachable
+from shared.paths import Layout, RunDir
+from shared.procid import ProcId
+from shared.timers import Timer, Timers, rfc3339_now
+
+log = logging.getLogger("tether.agent")
+
+HELLO_TIMEOUT = 2.0
+CLAIM_TIMEOUT = 10.0
+WAIT_HOLD = 60.0
+RETRY_UNRESPONSIVE = 5.0
+REATTACH_DEADLINE = 3.0
+#: attempts after which a job whose supervisor never started is failed rather than requeued
+MAX_ATTEMPTS = 5
+
+
+now_rfc3339 = rfc3339_now
+
+
+@dataclass
+class AgentConfig:
+    state_dir: str
+    cpu_ids: list[int]
+    gpus: int
+    memory_mb: int
+    node: str
+    cancel_grace: float = 10.0
+    claim_timeout: float = 120.0
+    linger: float = 3600.0
+    faults: frozenset[str] = field(default_factory=frozenset)
+
+
+class AgentError(Exception):
+    pass
+
+
+class Agent:
+    def __init__(self, cfg: AgentConfig) -> None:
+        self.cfg = cfg
+        self.layout = Layout(cfg.state_dir)
+        self.ledger = Ledger(cfg.cpu_ids, cfg.gpus, cfg.memory_mb,
+                             allowed=sorted(os.sched_getaffinity(0)))
+        self.timers = Timers()
+        self.ctx: zmq.Context[Any] = zmq.Context()
+        self.ctx.setsockopt(zmq.LINGER, 0)
+        self.ctx.set(zmq.MAX_SOCKETS, 65536)
+        self.poller = zmq.Poller()
+        self.links: dict[int, Link] = {}
+        self.by_sock: dict[zmq.Socket[Any], Link] = {}
+        self.by_pidfd: dict[int, Link] = {}
+        self.waiters: dict[int, list[tuple[wire.Peer, protocol.RequestId, Timer]]] = {}
+        self.router: zmq.Socket[Any] | None = None
+        self.stopping = False
+        self.reattaching: set[int] = set()
+        self.schedule_due = False
+        self.lock_fd = -1
+        self.store: Store | None = None
+
+    @property
+    def db(self) -> Store:
+        assert self.store is not None
+        return self.store
+
+    # ---- start and stop --------------------------------------------------------------------
+
+    def run(self) -> int:
+        self.layout.check()
+        os.makedirs(self.cfg.state_dir, mode=0o755, exist_ok=True)
+        self.lock_fd = os.open(self.layout.lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(self.lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise AgentError(f"another agent is running on {self.cfg.state_dir}") from None
+        os.ftruncate(self.lock_fd, 0)
+        os.write(self.lock_fd, f"{os.getpid()}\n".encode())
+        self.store = Store(self.layout.db)
+        wake_r, wake_w = socket.socketpair()
+        wake_r.setblocking(False)
+        wake_w.setblocking(False)
+        signal.set_wakeup_fd(wake_w.fileno(), warn_on_full_buffer=False)
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, _wake_only)
+        self.poller.register(wake_r, zmq.POLLIN)
+        t0 = time.monotonic()
+        try:
+            self.reattach()
+            deadline = time.monotonic() + REATTACH_DEADLINE
+            while self.reattaching and time.monotonic() < deadline and not self.stopping:
+                self.step(wake_r, cap_ms=int((deadline - time.monotonic()) * 1000) + 1)
+            if self.reattaching:
+                log.warning("reattach: %d supervisor(s) still unresolved; serving anyway",
+                            len(self.reattaching))
+            old = os.umask(0o077)
+            try:
+                self.router = wire.bind_router(self.ctx, self.layout.sock)
+            finally:
+                os.umask(old)
+            self.poller.register(self.router, zmq.POLLIN)
+            log.info("agent serving on %s after %.0f ms (node %s, %d CPUs, %d GPUs, %d MB)",
+                     self.layout.sock, (time.monotonic() - t0) * 1000, self.cfg.node,
+                     len(self.cfg.cpu_ids), self.cfg.gpus, self.cfg.memory_mb)
+            self.schedule_due = True
+            while not self.stopping:
+                self.step(wake_r)
+        finally:
+            self.shutdown()
+        return 0
+
+    def shutdown(self) -> None:
+        """Stop serving. Every supervisor and every job keeps running."""
+        for link in list(self.links.values()):
+            link.close()
+        if self.router is not None:
+            self.router.close(linger=0)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.layout.sock)
+        self.ctx.term()
+        if self.store is not None:
+            self.store.close()
+        if self.lock_fd >= 0:
+            os.close(self.lock_fd)
+        log.info("agent stopped; supervisors and jobs left running")
+
+    def step(self, wake_r: socket.socket, cap_ms: int | None = None) -> None:
+        events = self.poller.poll(self.timers.timeout_ms(time.monotonic(), cap_ms))
+        for item, _ in events:
+            if item is wake_r or item == wake_r.fileno():
+                self.on_signals(wake_r)
+            elif item is self.router:
+                self.serve()
+            elif isinstance(item, int):
+                pid_link = self.by_pidfd.get(item)
+                if pid_link is not None:
+                    self.on_supervisor_exit(pid_link)
+            else:
+                sock_link = self.by_sock.get(item)
+                if sock_link is not None:
+                    sock_link.readable()
+        self.timers.run_due(time.monotonic())
+        if self.schedule_due and self.router is not None:
+            self.schedule_due = False
+            self.schedule()
+
+    def on_signals(self, wake_r: socket.socket) -> None:
+        try:
+            data = wake_r.recv(4096)
+        except BlockingIOError:
+            return
+        for sig in set(data):
+            log.info("received %s: stopping (jobs keep running)", signal.Signals(sig).name)
+            self.stopping = True
+
+    # ---- serving the CLI -------------------------------------------------------------------
+
+    def serve(self) -> None:
+        assert self.router is not None
+        while (msg := wire.receive(self.router)) is not None:
+            peer, req = msg
+            try:
+                result = api.dispatch(self, peer, req)
+            except TetherError as exc:
+                self.reply(peer, protocol.error(req.id, exc))
+                continue
+            except Exception:  # a bug must never take the agent down
+                log.exception("handler for %r failed", req.kind)
+                self.reply(peer, protocol.error(req.id, TetherError("internal error")))
+                continue
+            if result is not api.PENDING:
+                self.reply(peer, protocol.ok(req.id, result))
+
+    def reply(self, peer: wire.Peer, reply: protocol.Reply) -> None:
+        if self.router is not None:
+            wire.send(self.router, peer, reply)
+
+    def add_waiter(self, job_id: int, peer: wire.Peer, rid: protocol.RequestId,
+                   hold: float) -> None:
+        def expire() -> None:
+            entries = self.waiters.get(job_id, [])
+            for i, (p, r, _) in enumerate(entries):
+                if p == peer and r == rid:
+                    del entries[i]
+                    self.reply(peer, protocol.ok(rid, {"done": False}))
+                    return
+        timer = self.timers.at(time.monotonic() + hold, expire)
+        self.waiters.setdefault(job_id, []).append((peer, rid, timer))
+
+    def job_ended(self, job: Job) -> None:
+        for peer, rid, timer in self.waiters.pop(job.id, []):
+            timer.cancel()
+            self.reply(peer, protocol.ok(rid, {"done": True, "job": job.public()}))
+
+    # ---- scheduling ------------------------------------------------------------------------
+
+    def schedule(self) -> None:
+        """Start queued jobs in strict FIFO order while the head of the queue fits."""
+        while True:
+            job = self.db.first_pending()
+            if job is None:
+                return
+            alloc = self.ledger.allocate(Request(job.cpus_per_task * job.ntasks, job.gpus_req,
+                                                 job.memory_mb))
+            if alloc is None:
+                return
+            attempt = job.attempt + 1
+            job = self.db.update(job.id, state="starting", attempt=attempt, cpus=list(alloc.cpus),
+                                 gpus=list(alloc.gpus), pids=[], supervisor_pid=None,
+                                 supervisor_ticks=None)
+            self.launch(job)
+
+    def launch(self, job: Job) -> None:
+        rd = self.layout.run_dir(job.id, job.attempt)
+        per = job.cpus_per_task
+        spec = {
+            "schema": shared.records.SCHEMA, "job": job.id, "attempt": job.attempt,
+            "name": job.name, "command": job.command, "ntasks": job.ntasks,
+            "cpus": job.cpus, "gpus": job.gpus, "memory_mb": job.memory_mb,
+            "affinity": [sorted({self.ledger.physical(c) for c in job.cpus[r * per:(r + 1) * per]})
+                         for r in range(job.ntasks)],
+            "env": job.env, "workdir": job.workdir, "output": job.output, "error": job.error,
+            "claim_timeout": self.cfg.claim_timeout, "linger": self.cfg.linger,
+            "kill_grace": self.cfg.cancel_grace, "agent_uid": os.getuid(),
+        }
+        try:
+            pid = spawn_supervisor(self.layout, rd, spec)
+        except (SpawnError, OSError) as exc:
+            log.error("job %d: %s", job.id, exc)
+            shutil.rmtree(rd.path, ignore_errors=True)
+            self.finalize(job, state="failed", exit_code=None, sig=None,
+                          reason=f"could not start its supervisor: {exc}")
+            return
+        log.info("job %d attempt %d: supervisor spawned (pid %d)", job.id, job.attempt, pid)
+        self.db.update(job.id, supervisor_pid=pid)
+        self.connect(job, rd, fresh=True)
+
+    # ---- following a supervisor ------------------------------------------------------------
+
+    def connect(self, job: Job, rd: RunDir, *, fresh: bool) -> Link:
+        link = Link(self.ctx, self.timers, job.id, job.attempt, rd.sock)
+        self.links[job.id] = link
+        self.by_sock[link.sock] = link
+        self.poller.register(link.sock, zmq.POLLIN)
+
+        def reopened(old: zmq.Socket[Any], new: zmq.Socket[Any]) -> None:
+            self.by_sock.pop(old, None)
+            self.poller.unregister(old)
+            self.by_sock[new] = link
+            self.poller.register(new, zmq.POLLIN)
+        link.on_reopen = reopened
+        self.hello(link, rd, timeout=CLAIM_TIMEOUT if fresh else HELLO_TIMEOUT)
+        return link
+
+    def drop_link(self, link: Link) -> None:
+        if self.links.get(link.job) is link:
+            del self.links[link.job]
+        self.by_sock.pop(link.sock, None)
+        with contextlib.suppress(KeyError):
+            self.poller.unregister(link.sock)
+        if link.pidfd is not None:
+            self.by_pidfd.pop(link.pidfd, None)
+            with contextlib.suppress(KeyError):
+                self.poller.unregister(link.pidfd)
+        link.close()
+        self.reattaching.discard(link.job)
+
+    def current(self, link: Link) -> Job | None:
+        """The job this link still speaks for, or None if the link is stale."""
+        if self.links.get(link.job) is not link:
+            return None
+        job = self.db.get(link.job)
+        if job is None or job.attempt != link.attempt:
+            return None
+        return job
+
+    def hello(self, link: Link, rd: RunDir, timeout: float) -> None:
+        def ok(res: Any) -> None:
+            job = self.current(link)
+            if job is None:
+                return
+            why = fallback.check_identity(rd, res, link.peer_pid)
+            if why is not None:
+                log.error("job %d: refusing the process serving %s: %s", job.id, rd.sock, why)
+                self.drop_link(link)
+                self.gone(job, note=f"its socket was served by an impostor ({why})")
+                return
+            ident = ProcId(res["boot_id"], res["pid"], res["start_ticks"])
+            if not link.watch(ident):
+                self.drop_link(link)
+                self.gone(job)
+                return
+            assert link.pidfd is not None
+            self.by_pidfd[link.pidfd] = link
+            self.poller.register(link.pidfd, zmq.POLLIN)
+            if job.supervisor_pid != ident.pid or job.supervisor_ticks != ident.start_ticks:
+                self.db.update(job.id, supervisor_pid=ident.pid,
+                               supervisor_ticks=ident.start_ticks)
+            phase = res["phase"]
+            if phase in ("exited", "aborted") or job.final:
+                self.wait(link)
+            elif job.cancel_requested and phase == "ready":
+                self.terminate(link, job)
+            elif phase == "ready" and "stall-before-claim" in self.cfg.faults:
+                log.warning("job %d: fault injection: not claiming", job.id)
+            else:
+                self.claim(link)
+
+        def err(exc: TetherError) -> None:
+            self.trouble(link, rd, exc)
+        link.request("hello", {"versions": sorted(protocol.SUPPORTED_VERSIONS)}, timeout, ok, err)
+
+    def claim(self, link: Link) -> None:
+        def ok(res: Any) -> None:
+            job = self.current(link)
+            if job is None:
+                return
+            self.reattaching.discard(job.id)
+            pids = [t["pid"] for t in res["tasks"] if t["pid"]]
+            if job.state != "running":
+                job = self.db.update(job.id, state="running", pids=pids,
+                                     started_at=res.get("started_at") or now_rfc3339())
+                log.info("job %d attempt %d running: pids %s", job.id, job.attempt, pids)
+            if job.cancel_requested:
+                self.terminate(link, job)
+            self.wait(link)
+
+        def err(exc: TetherError) -> None:
+            self.trouble(link, self.layout.run_dir(link.job, link.attempt), exc)
+        link.request("claim", link.target, CLAIM_TIMEOUT, ok, err)
+
+    def wait(self, link: Link) -> None:
+        def ok(res: Any) -> None:
+            job = self.current(link)
+            if job is None:
+                return
+            self.reattaching.discard(job.id)
+            if not res.get("done"):
+                self.wait(link)
+                return
+            self.collect(job, res["record"])
+            self.ack(link)
+
+        def err(exc: TetherError) -> None:
+            self.trouble(link, self.layout.run_dir(link.job, link.attempt), exc)
+        args = dict(link.target, hold=WAIT_HOLD)
+        link.request("wait", args, WAIT_HOLD + 10.0, ok, err)
+
+    def ack(self, link: Link) -> None:
+        def done(_: Any) -> None:
+            self.drop_link(link)
+        link.request("ack", link.target, HELLO_TIMEOUT, done, done)
+
+    def terminate(self, link: Link, job: Job) -> None:
+        def ok(res: Any) -> None:
+            job = self.current(link)
+            if job is not None and res.get("phase") == "aborted":
+                self.drop_link(link)
+                self.finalize(job, state="cancelled", exit_code=None, sig=None,
+                              reason="cancelled before it started")
+                shutil.rmtree(self.layout.run_dir(job.id, job.attempt).path, ignore_errors=True)
+
+        def err(exc: TetherError) -> None:
+            log.warning("job %d: terminate failed: %s", job.id, exc.message)
+        args = dict(link.target, grace=self.cfg.cancel_grace, cancel=True)
+        link.request("terminate", args, HELLO_TIMEOUT, ok, err)
+
+    def trouble(self, link: Link, rd: RunDir, exc: TetherError) -> None:
+        """A request failed: a dead supervisor goes to the fallback, a hung one is retried."""
+        job = self.current(link)
+        if job is None:
+            self.drop_link(link)
+            return
+        if isinstance(exc, RemoteError) and exc.code != "unreachable":
+            log.error("job %d: supervisor refused: %s", job.id, exc.message)
+            if fallback.lock_is_free(rd):
+                self.drop_link(link)
+                self.gone(job)
+            return
+        if fallback.lock_is_free(rd):
+            self.drop_link(link)
+            self.gone(job)
+            return
+        log.warning("job %d: %s; the supervisor holds its lock, so it is alive but "
+                    "unresponsive: keeping its allocation and retrying in %gs", job.id,
+                    exc.message, RETRY_UNRESPONSIVE)
+        self.reattaching.discard(job.id)
+
+        def retry() -> None:
+            if self.current(link) is not None:
+                self.hello(link, rd, HELLO_TIMEOUT)
+        self.timers.at(time.monotonic() + RETRY_UNRESPONSIVE, retry)
+
+    def on_supervisor_exit(self, link: Link) -> None:
+        link.readable()  # its last reply and its exit may arrive in the same poll
+        job = self.current(link)
+        pidfd = link.pidfd
+        if pidfd is not None and self.by_pidfd.get(pidfd) is link:
+            self.drop_link(link)
+        rd = self.layout.run_dir(link.job, link.attempt)
+        if job is not None and not job.final:
+            self.gone(job)
+        elif fallback.lock_is_free(rd):
+            shutil.rmtree(rd.path, ignore_errors=True)
+
+    # ---- results ---------------------------------------------------------------------------
+
+    def collect(self, job: Job, record: dict[str, Any]) -> None:
+        """Record what the supervisor reported (idempotent: a recorded result stands)."""
+        if job.final:
+            return
+        if record.get("state") == "aborted" or not record.get("launched", True):
+            self.requeue_or_cancel(job, record.get("reason") or "its supervisor gave up")
+            return
+        self.finalize(job, state=record["state"], exit_code=record.get("exit_code"),
+                      sig=record.get("signal"), reason=record.get("reason"),
+                      started_at=record.get("started_at"), ended_at=record.get("ended_at"))
+
+    def finalize(self, job: Job, *, state: str, exit_code: int | None, sig: int | None,
+                 reason: str | None, started_at: str | None = None,
+                 ended_at: str | None = None) -> None:
+        fields: dict[str, Any] = {"state": state, "exit_code": exit_code, "signal": sig,
+                                  "reason": reason, "ended_at": ended_at or now_rfc3339()}
+        if started_at and not job.started_at:
+            fields["started_at"] = started_at
+        job = self.db.update(job.id, **fields)
+        if job.cpus or job.gpus or job.memory_mb:
+            self.ledger.release(job.allocation)
+        log.info("job %d attempt %d %s: exit_code=%s signal=%s%s", job.id, job.attempt, state,
+                 exit_code, sig, f" ({reason})" if reason else "")
+        self.reattaching.discard(job.id)
+        self.job_ended(job)
+        self.schedule_due = True
+
+    def requeue_or_cancel(self, job: Job, why: str) -> None:
+        """The attempt never ran: back to the queue, unless it was cancelled meanwhile."""
+        if job.cancel_requested:
+            self.finalize(job, state="cancelled", exit_code=None, sig=None,
+                          reason="cancelled before it started")
+            return
+        if job.attempt >= MAX_ATTEMPTS:
+            self.finalize(job, state="failed", exit_code=None, sig=None,
+                          reason=f"never started in {job.attempt} attempts; last: {why}")
+            return
+        self.ledger.release(job.allocation)
+        self.db.update(job.id, state="pending", cpus=[], gpus=[], pids=[],
+                       supervisor_pid=None, supervisor_ticks=None)
+        log.warning("job %d attempt %d never ran (%s): back to the queue", job.id, job.attempt,
+                    why)
+        self.reattaching.discard(job.id)
+        self.schedule_due = True
+
+    def gone(self, job: Job, note: str | None = None) -> None:
+        """The supervisor is gone: what is on disk decides (see fallback.py)."""
+        rd = self.layout.run_dir(job.id, job.attempt)
+        verdict = fallback.resolve(rd, job)
+        if verdict.kind == "result":
+            assert verdict.record is not None
+            self.collect(job, verdict.record)
+        elif verdict.kind == "never-ran":
+            self.requeue_or_cancel(job, verdict.reason)
+        else:
+            reason = verdict.reason + (f"; {note}" if note else "")
+            if job.cancel_requested:
+                self.finalize(job, state="cancelled", exit_code=None, sig=None,
+                              reason=f"cancelled; {reason}")
+            else:
+                self.finalize(job, state="lost", exit_code=None, sig=None, reason=reason)
+        shutil.rmtree(rd.path, ignore_errors=True)
+
+    # ---- reattach --------------------------------------------------------------------------
+
+    def reattach(self) -> None:
+        """Before serving: find every supervisor again, or find out what became of it."""
+        active = self.db.in_states(*ACTIVE)
+        for job in active:
+            try:
+                self.ledger.restore(job.allocation)
+            except Conflict as exc:
+                log.error("job %d: its allocation conflicts with another job's (%s); NOT "
+                          "adopting it", job.id, exc)
+                self.db.update(job.id, reason=f"not adopted: allocation conflict: {exc}")
+                continue
+            rd = self.layout.run_dir(job.id, job.attempt)
+            if not os.path.isdir(rd.path):
+                self.requeue_or_cancel(job, "no run directory: the agent stopped before the "
+                                            "spawn")
+                continue
+            if fallback.lock_is_free(rd):
+                self.gone(job)
+                continue
+            self.reattaching.add(job.id)
+            self.connect(job, rd, fresh=False)
+        wanted = {(j.id, j.attempt) for j in active}
+        for rd in self.layout.run_dirs():
+            if (rd.job, rd.attempt) in wanted:
+                continue
+            self.orphan(rd)
+        log.info("reattach: %d active job(s), %d to probe", len(active), len(self.reattaching))
+
+    def orphan(self, rd: RunDir) -> None:
+        """A run directory of no active attempt: an unacknowledged result, or a leftover."""
+        job = self.db.get(rd.job)
+        if fallback.lock_is_free(rd):
+            if job is None:
+                log.error("run directory %s belongs to no known job; removing it", rd.path)
+            shutil.rmtree(rd.path, ignore_errors=True)
+            return
+        if job is not None and job.final and job.attempt == rd.attempt:
+            # C2 happened, C3 (ack) did not: acknowledge now.
+            link = Link(self.ctx, self.timers, rd.job, rd.attempt, rd.sock)
+            self.by_sock[link.sock] = link
+            self.poller.register(link.sock, zmq.POLLIN)
+
+            def done(_: Any) -> None:
+                self.by_sock.pop(link.sock, None)
+                self.poller.unregister(link.sock)
+                link.close()
+            link.request("ack", link.target, HELLO_TIMEOUT, done, done)
+            return
+        log.error("a live supervisor in %s serves no attempt this agent knows about; leaving "
+                  "it alone", rd.path)
+
+
+def _wake_only(signum: int, frame: object) -> None:
+    """Handled in the loop, through the wakeup fd."""
+
+
+def allowed_cpus() -> list[int]:
+    return sorted(os.sched_getaffinity(0))
+
+
+def memory_mb() -> int:
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) // 1024
+    return 0
+
+
+__all__ = ["Agent", "AgentConfig", "AgentError", "Unreachable", "errno"]

@@ -1,0 +1,157 @@
+"""What the run directory says when its supervisor cannot be asked (I/O, read-mostly).
+
+Theory of operation. The supervisor holds ``lock`` for as long as it lives (the kernel drops the
+lock the instant it dies, even on SIGKILL), so a lock we can take means no supervisor. Then:
+
+  exit.json valid, launched         -> the true result (it was fsync'd before anyone was told)
+  exit.json valid, not launched     -> never ran: back to the queue
+  manifest says ``running``, no exit.json -> ``lost``: the supervisor died with tasks running;
+                                       every task process still matching its identity is killed
+  manifest ``ready`` or no manifest -> never ran: back to the queue
+
+A file that cannot be trusted (not a regular file, a symlink, oversized, bad JSON, wrong job)
+counts as absent, with the reason logged and carried into the job's ``reason``.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import signal
+from dataclasses import dataclass
+from typing import Any
+
+from agent.db import Job
+from shared import records
+from shared.paths import RunDir
+from shared.procid import ProcId, all_processes, boot_id, proc_stat
+
+log = logging.getLogger("tether.agent")
+
+
+def lock_is_free(rd: RunDir) -> bool:
+    """True when no process holds the run directory's lock (its supervisor is gone)."""
+    try:
+        fd = os.open(rd.lock, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return True
+    except OSError as exc:
+        log.error("%s: cannot open the lock: %s; treating the supervisor as gone", rd.lock, exc)
+        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)  # also releases the lock if we got it
+    return True
+
+
+@dataclass(frozen=True)
+class Verdict:
+    kind: str  # "result", "never-ran" or "lost"
+    reason: str = ""
+    record: dict[str, Any] | None = None
+
+
+def _load(path: str, reader: Any, rd: RunDir) -> tuple[dict[str, Any] | None, str]:
+    try:
+        rec = reader(path)
+    except FileNotFoundError:
+        return None, ""
+    except records.RecordError as exc:
+        log.error("job %d: ignoring %s", rd.job, exc)
+        return None, str(exc)
+    if (rec.get("job"), rec.get("attempt")) != (rd.job, rd.attempt):
+        why = f"{path}: belongs to job {rec.get('job')}.{rec.get('attempt')}"
+        log.error("job %d: ignoring %s", rd.job, why)
+        return None, why
+    return rec, ""
+
+
+def resolve(rd: RunDir, job: Job) -> Verdict:
+    sentinel, bad_sentinel = _load(rd.sentinel, records.read_sentinel, rd)
+    if sentinel is not None:
+        if not sentinel["launched"]:
+            return Verdict("never-ran", sentinel.get("reason") or "aborted before launch")
+        return Verdict("result", record=sentinel)
+    manifest, bad_manifest = _load(rd.manifest, records.read_manifest, rd)
+    if manifest is None or manifest["phase"] == "ready":
+        if bad_manifest:
+            # We cannot tell whether tasks started; "never ran" could run the job twice.
+            return Verdict("lost", f"its supervisor is gone and its manifest is unusable "
+                                   f"({bad_manifest})")
+        return Verdict("never-ran", "its supervisor is gone and never launched the tasks")
+    killed = kill_step(manifest)
+    sup = manifest["supervisor"]
+    reason = (f"supervisor (pid {sup.get('pid')}) died while the job was running and left no "
+              "exit record")
+    if bad_sentinel:
+        reason += f" (unusable exit record: {bad_sentinel})"
+    if killed:
+        reason += f"; killed {killed} leftover task process(es)"
+    return Verdict("lost", reason)
+
+
+def kill_step(manifest: dict[str, Any]) -> int:
+    """SIGKILL what is left of a step whose supervisor died; never by pid alone.
+
+    Task leaders are matched by (boot id, pid, start ticks); the rest of the step by its session
+    (every task starts in the supervisor's session) together with a start time no earlier than
+    the supervisor's, and only while the session id has not been handed to a newer process.
+    """
+    try:
+        sup = ProcId.from_dict(manifest["supervisor"])
+    except ValueError:
+        return 0
+    if sup.boot_id != boot_id():
+        return 0  # another boot: every process of that step is long gone
+    victims: set[int] = set()
+    for task in manifest.get("tasks", []):
+        try:
+            ident = ProcId.from_dict(task)
+        except ValueError:
+            continue
+        if ident.alive():
+            victims.add(ident.pid)
+    session = manifest["session"]
+    leader = proc_stat(session)
+    session_reused = leader is not None and leader.start_ticks > sup.start_ticks
+    if not session_reused:
+        for st in all_processes():
+            if st.session == session and not st.dead and st.start_ticks >= sup.start_ticks:
+                victims.add(st.pid)
+    victims.discard(os.getpid())
+    for pid in victims:
+        try:
+            os.kill(pid, signal.SIGKILL)
+            log.warning("killed leftover process %d of a lost step", pid)
+        except ProcessLookupError:
+            pass
+    return len(victims)
+
+
+def check_identity(rd: RunDir, hello: Any, peer_pid: int) -> str | None:
+    """Why the process answering on ``rd``'s socket is not its supervisor, or None if it is."""
+    if not isinstance(hello, dict) or hello.get("role") != "supervisor":
+        return "it did not say it is a supervisor"
+    if (hello.get("job"), hello.get("attempt")) != (rd.job, rd.attempt):
+        return f"it claims job {hello.get('job')}.{hello.get('attempt')}"
+    try:
+        ident = ProcId(str(hello["boot_id"]), int(hello["pid"]), int(hello["start_ticks"]))
+    except (KeyError, TypeError, ValueError):
+        return "its hello carries no identity"
+    if peer_pid > 0 and peer_pid != ident.pid:
+        return f"it says pid {ident.pid} but the kernel says pid {peer_pid}"
+    if not ident.alive():
+        return f"no process (boot id, pid {ident.pid}, start ticks {ident.start_ticks}) exists"
+    try:
+        manifest = records.read_manifest(rd.manifest)
+    except FileNotFoundError:
+        return None  # a supervisor between lock and manifest: the lock is the proof
+    except records.RecordError as exc:
+        return f"its manifest is unusable: {exc}"
+    if ProcId.from_dict(manifest["supervisor"]) != ident:
+        return "its identity differs from the manifest's"
+    return None

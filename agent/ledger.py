@@ -1,0 +1,95 @@
+"""The resource ledger: exact CPU and GPU ids and megabytes of memory. Pure.
+
+CPU ids are logical: 0..N-1 with ``--cpus N`` (N may exceed the machine, to model a bigger node),
+else the ids this process may run on. ``physical()`` maps a logical id onto a CPU the agent may
+use, for affinity.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class Conflict(Exception):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Allocation:
+    cpus: tuple[int, ...]
+    gpus: tuple[int, ...]
+    memory_mb: int
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    cpus: int  # total, ntasks x cpus per task
+    gpus: int
+    memory_mb: int
+
+
+class Ledger:
+    def __init__(self, cpu_ids: list[int], gpus: int, memory_mb: int,
+                 allowed: list[int] | None = None) -> None:
+        self.cpu_ids = sorted(cpu_ids)
+        self.gpu_ids = list(range(gpus))
+        self.memory_mb = memory_mb
+        self.allowed = sorted(allowed) if allowed else list(self.cpu_ids)
+        self.free_cpus = set(self.cpu_ids)
+        self.free_gpus = set(self.gpu_ids)
+        self.free_memory = memory_mb
+
+    def never_fits(self, req: Request) -> str | None:
+        """Why ``req`` could not run even on an empty node, or None."""
+        if req.cpus > len(self.cpu_ids):
+            return f"needs {req.cpus} CPUs but this node has {len(self.cpu_ids)}"
+        if req.gpus > len(self.gpu_ids):
+            return f"needs {req.gpus} GPUs but this node has {len(self.gpu_ids)}"
+        if req.memory_mb > self.memory_mb:
+            return f"needs {req.memory_mb} MB of memory but this node has {self.memory_mb} MB"
+        return None
+
+    def fits(self, req: Request) -> bool:
+        return (req.cpus <= len(self.free_cpus) and req.gpus <= len(self.free_gpus)
+                and req.memory_mb <= self.free_memory)
+
+    def allocate(self, req: Request) -> Allocation | None:
+        """The lowest free ids that satisfy ``req``, taken; or None if they are not free now."""
+        if not self.fits(req):
+            return None
+        alloc = Allocation(tuple(sorted(self.free_cpus)[:req.cpus]),
+                           tuple(sorted(self.free_gpus)[:req.gpus]), req.memory_mb)
+        self.restore(alloc)
+        return alloc
+
+    def restore(self, alloc: Allocation) -> None:
+        """Take exactly these ids, all or nothing; Conflict if any is unknown or taken."""
+        bad_cpus = set(alloc.cpus) - self.free_cpus
+        bad_gpus = set(alloc.gpus) - self.free_gpus
+        if bad_cpus or bad_gpus or alloc.memory_mb > self.free_memory:
+            raise Conflict(
+                f"CPUs {sorted(bad_cpus)} / GPUs {sorted(bad_gpus)} are not free or unknown, "
+                f"or {alloc.memory_mb} MB exceeds the {self.free_memory} MB free")
+        self.free_cpus -= set(alloc.cpus)
+        self.free_gpus -= set(alloc.gpus)
+        self.free_memory -= alloc.memory_mb
+
+    def release(self, alloc: Allocation) -> None:
+        self.free_cpus |= set(alloc.cpus) & set(self.cpu_ids)
+        self.free_gpus |= set(alloc.gpus) & set(self.gpu_ids)
+        self.free_memory = min(self.memory_mb, self.free_memory + alloc.memory_mb)
+
+    def physical(self, cpu: int) -> int:
+        if cpu in self.allowed:
+            return cpu
+        return self.allowed[cpu % len(self.allowed)]
+
+    def usage(self) -> dict[str, dict[str, int]]:
+        return {
+            "cpus": {"total": len(self.cpu_ids),
+                     "allocated": len(self.cpu_ids) - len(self.free_cpus)},
+            "gpus": {"total": len(self.gpu_ids),
+                     "allocated": len(self.gpu_ids) - len(self.free_gpus)},
+            "memory_mb": {"total": self.memory_mb,
+                          "allocated": self.memory_mb - self.free_memory},
+        }

@@ -1,0 +1,163 @@
+"""The agent's connection to one supervisor: a DEALER socket plus a pidfd (I/O).
+
+Requests are asynchronous: each has an id, a deadline and two callbacks, and the agent's single
+loop feeds replies and timeouts in. After a timeout the socket is replaced, so a request libzmq
+queued for a dead or hung peer is never delivered to a successor later.
+
+The pidfd tells the loop the moment the supervisor process ends, without polling and without
+pid-reuse races: it is opened once the supervisor's (pid, start ticks) are confirmed, and the
+identity is checked again right after opening.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import zmq
+
+from shared import protocol
+from shared.client import configure
+from shared.errors import BadRequest, RemoteError, TetherError, Unreachable
+from shared.procid import ProcId
+from shared.timers import Timer, Timers
+
+log = logging.getLogger("tether.agent")
+
+OnOk = Callable[[Any], None]
+OnErr = Callable[[TetherError], None]
+
+
+@dataclass
+class _Pending:
+    kind: str
+    on_ok: OnOk
+    on_err: OnErr
+    timer: Timer
+
+
+class Link:
+    _ids = itertools.count(1)
+
+    def __init__(self, ctx: zmq.Context[Any], timers: Timers, job: int, attempt: int,
+                 path: str) -> None:
+        self.ctx = ctx
+        self.timers = timers
+        self.job = job
+        self.attempt = attempt
+        self.path = path
+        self.pending: dict[int, _Pending] = {}
+        self.sock = self._open()
+        self.pidfd: int | None = None
+        self.ident: ProcId | None = None
+        self.closed = False
+        #: the kernel's pid of the process that answered last (Peer-Address), -1 if unknown
+        self.peer_pid = -1
+        #: called when the socket is replaced, so the poller can follow
+        self.on_reopen: Callable[[zmq.Socket[Any], zmq.Socket[Any]], None] | None = None
+
+    def __repr__(self) -> str:
+        return f"<Link job={self.job}.{self.attempt} pending={sorted(self.pending)}>"
+
+    def _open(self) -> zmq.Socket[Any]:
+        sock = self.ctx.socket(zmq.DEALER)
+        configure(sock)
+        sock.connect("ipc://" + self.path)
+        return sock
+
+    @property
+    def target(self) -> dict[str, int]:
+        return {"job": self.job, "attempt": self.attempt}
+
+    def request(self, kind: str, args: dict[str, Any], timeout: float, on_ok: OnOk,
+                on_err: OnErr) -> None:
+        rid = next(self._ids)
+        frame = protocol.encode_request(protocol.Request(id=rid, kind=kind, args=args))
+        timer = self.timers.at(time.monotonic() + timeout, lambda: self._expire(rid, timeout))
+        self.pending[rid] = _Pending(kind, on_ok, on_err, timer)
+        try:
+            self.sock.send(frame, zmq.NOBLOCK)
+        except zmq.ZMQError as exc:
+            del self.pending[rid]
+            timer.cancel()
+            on_err(Unreachable(f"cannot send {kind!r} to {self.path}: {exc}"))
+
+    def _expire(self, rid: int, timeout: float) -> None:
+        pend = self.pending.pop(rid, None)
+        if pend is None:
+            return
+        self._reopen()
+        pend.on_err(Unreachable(
+            f"supervisor of job {self.job}.{self.attempt} did not answer {pend.kind!r} within "
+            f"{timeout:g}s"))
+
+    def _reopen(self) -> None:
+        if self.closed:
+            return
+        old = self.sock
+        self.sock = self._open()
+        old.close(linger=0)
+        if self.on_reopen:
+            self.on_reopen(old, self.sock)
+        # every other request in flight went out on the old socket: it will never be answered
+        for rid in list(self.pending):
+            pend = self.pending.pop(rid)
+            pend.timer.cancel()
+            pend.on_err(Unreachable(f"connection to {self.path} was reset"))
+
+    def readable(self) -> None:
+        while not self.closed:
+            try:
+                frame = self.sock.recv(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            try:
+                self.peer_pid = int(frame.get("Peer-Address").rsplit(":", 1)[1])
+            except (zmq.ZMQError, ValueError, IndexError):
+                self.peer_pid = -1
+            try:
+                reply = protocol.decode_reply(frame.bytes)
+            except BadRequest as exc:
+                log.warning("job %d: undecodable reply from its supervisor: %s", self.job, exc)
+                continue
+            pend = self.pending.pop(reply.id, None) if isinstance(reply.id, int) else None
+            if pend is None:
+                log.debug("job %d: reply to unknown request %r dropped", self.job, reply.id)
+                continue
+            pend.timer.cancel()
+            if reply.ok:
+                pend.on_ok(reply.result)
+            else:
+                pend.on_err(RemoteError(reply.code, reply.message))
+
+    def watch(self, ident: ProcId) -> bool:
+        """Open a pidfd on the supervisor; False if that very process is already gone."""
+        if self.pidfd is not None:
+            return True
+        try:
+            fd = os.pidfd_open(ident.pid)
+        except (ProcessLookupError, OSError):
+            return False
+        if not ident.alive():  # the pid may have been reused between our check and the open
+            os.close(fd)
+            return False
+        self.pidfd = fd
+        self.ident = ident
+        return True
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        for pend in self.pending.values():
+            pend.timer.cancel()
+        self.pending.clear()
+        self.sock.close(linger=0)
+        if self.pidfd is not None:
+            os.close(self.pidfd)
+            self.pidfd = None

@@ -1,0 +1,1 @@
+"""``tether``: the command line for people and scripts."""

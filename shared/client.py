@@ -1,0 +1,116 @@
+"""A blocking request/reply client over a ZeroMQ DEALER, for the CLI, tests and other tools.
+
+Every call has a deadline. After a timeout the socket is closed with linger 0 and a fresh one
+opened for the next call: libzmq would otherwise deliver the timed-out request to a restarted
+server later, and a late reply could be taken for the answer to the next request.
+"""
+
+from __future__ import annotations
+
+import errno
+import itertools
+import os
+import socket
+import time
+from typing import Any
+
+import zmq
+
+from shared import protocol
+from shared.errors import Unreachable
+
+
+def probe_unix(path: str, timeout: float = 1.0) -> str | None:
+    """Connect a plain AF_UNIX socket: None if someone accepts, else why not.
+
+    zmq connects lazily and would only tell us by timing out; this answers in well under a ms.
+    """
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(timeout)
+    try:
+        s.connect(path)
+    except FileNotFoundError:
+        return "no socket"
+    except ConnectionRefusedError:
+        return "nobody is listening (stale socket)"
+    except PermissionError:
+        return "permission denied"
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    finally:
+        s.close()
+    return None
+
+
+def configure(sock: zmq.Socket[Any]) -> None:
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.RECONNECT_IVL, 20)
+    sock.setsockopt(zmq.RECONNECT_IVL_MAX, 500)
+    sock.setsockopt(zmq.MAXMSGSIZE, protocol.MAX_FRAME)
+
+
+class Client:
+    """One connection to one endpoint (a supervisor's or the agent's socket)."""
+
+    _ids = itertools.count(1)
+
+    def __init__(self, path: str, *, timeout: float = 5.0,
+                 ctx: zmq.Context[Any] | None = None) -> None:
+        self.path = path
+        self.endpoint = "ipc://" + path
+        self.timeout = timeout
+        self._ctx = ctx or zmq.Context.instance()
+        self._sock: zmq.Socket[Any] | None = None
+        # distinct per process so two clients never confuse each other's ids in logs
+        self._prefix = os.getpid() << 20
+
+    def _socket(self) -> zmq.Socket[Any]:
+        if self._sock is None:
+            sock = self._ctx.socket(zmq.DEALER)
+            configure(sock)
+            sock.connect(self.endpoint)
+            self._sock = sock
+        return self._sock
+
+    def close(self) -> None:
+        if self._sock is not None:
+            self._sock.close(linger=0)
+            self._sock = None
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def call(self, kind: str, args: dict[str, Any] | None = None, *,
+             timeout: float | None = None) -> Any:
+        """Send one request; return its result or raise RemoteError / Unreachable."""
+        budget = self.timeout if timeout is None else timeout
+        rid = self._prefix + next(self._ids)
+        sock = self._socket()
+        frame = protocol.encode_request(protocol.Request(id=rid, kind=kind, args=args or {}))
+        deadline = time.monotonic() + budget
+        try:
+            sock.send(frame, zmq.NOBLOCK)
+        except zmq.Again:
+            pass  # queued once the connection exists; the deadline below still holds
+        except zmq.ZMQError as exc:
+            self.close()
+            raise Unreachable(f"cannot send {kind!r} to {self.path}: {exc}") from None
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not sock.poll(int(left * 1000) + 1, zmq.POLLIN):
+                self.close()
+                raise Unreachable(f"no reply to {kind!r} from {self.path} within {budget:g}s")
+            try:
+                reply = protocol.decode_reply(sock.recv(zmq.NOBLOCK))
+            except zmq.Again:
+                continue
+            except zmq.ZMQError as exc:
+                if exc.errno == errno.EINTR:
+                    continue
+                raise
+            if reply.id is not None and reply.id != rid:
+                continue  # a stale reply to an earlier request
+            return reply.unwrap()

@@ -1,0 +1,133 @@
+"""The spool layout: the one place that names the files the agent and supervisors share.
+
+    <state_dir>/agent.lock          flock held by the one live agent
+    <state_dir>/agent.sock          the agent's ZeroMQ ROUTER (ipc), for the CLI
+    <state_dir>/tether.db           SQLite: intent and history (agent only)
+    <state_dir>/supervisors.log     supervisors' stderr, appended
+    <state_dir>/run/<job>.<attempt>/
+        lock       flock: taken by the agent before spawning, inherited and held by the supervisor
+        spec.json  what to run, written by the agent before the spawn
+        sock       the supervisor's ROUTER (ipc)
+        manifest.json  identities and phase, written by the supervisor (ready, then running)
+        exit.json  the exit sentinel, written once the last task is reaped
+
+A run directory is named by (job, attempt), so a relaunch never reuses the directory, lock or
+socket of an earlier attempt.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+
+#: sizeof(sockaddr_un.sun_path) - 1 on Linux; libzmq refuses longer ipc paths.
+IPC_PATH_MAX = 107
+
+#: Widest run directory name we ever create, used to check a state dir up front.
+_WORST_RUN_NAME = "18446744073709551615.4294967295"
+
+_RUN_NAME = re.compile(r"^([1-9][0-9]{0,18})\.([1-9][0-9]{0,9})$")
+
+
+class PathTooLong(ValueError):
+    pass
+
+
+def check_ipc_path(path: str) -> str:
+    size = len(os.fsencode(path))
+    if size > IPC_PATH_MAX:
+        raise PathTooLong(
+            f"socket path {path!r} is {size} bytes, over the {IPC_PATH_MAX}-byte limit of "
+            "unix sockets; use a shorter --state-dir"
+        )
+    return path
+
+
+def endpoint(path: str) -> str:
+    return "ipc://" + check_ipc_path(path)
+
+
+@dataclass(frozen=True, slots=True)
+class RunDir:
+    path: str
+    job: int
+    attempt: int
+
+    @property
+    def lock(self) -> str:
+        return os.path.join(self.path, "lock")
+
+    @property
+    def spec(self) -> str:
+        return os.path.join(self.path, "spec.json")
+
+    @property
+    def sock(self) -> str:
+        return os.path.join(self.path, "sock")
+
+    @property
+    def manifest(self) -> str:
+        return os.path.join(self.path, "manifest.json")
+
+    @property
+    def sentinel(self) -> str:
+        return os.path.join(self.path, "exit.json")
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    state_dir: str
+
+    @property
+    def lock(self) -> str:
+        return os.path.join(self.state_dir, "agent.lock")
+
+    @property
+    def sock(self) -> str:
+        return os.path.join(self.state_dir, "agent.sock")
+
+    @property
+    def db(self) -> str:
+        return os.path.join(self.state_dir, "tether.db")
+
+    @property
+    def supervisor_log(self) -> str:
+        return os.path.join(self.state_dir, "supervisors.log")
+
+    @property
+    def run_root(self) -> str:
+        return os.path.join(self.state_dir, "run")
+
+    def run_dir(self, job: int, attempt: int) -> RunDir:
+        return RunDir(os.path.join(self.run_root, f"{job}.{attempt}"), job, attempt)
+
+    def check(self) -> None:
+        """Fail early, with the reason, if a socket path in this layout would be too long."""
+        check_ipc_path(self.sock)
+        check_ipc_path(os.path.join(self.run_root, _WORST_RUN_NAME, "sock"))
+
+    def run_dirs(self) -> list[RunDir]:
+        """Every well-named run directory, ordered by (job, attempt). Other names are ignored."""
+        try:
+            names = os.listdir(self.run_root)
+        except FileNotFoundError:
+            return []
+        found = []
+        for name in names:
+            m = _RUN_NAME.match(name)
+            if m:
+                found.append(self.run_dir(int(m.group(1)), int(m.group(2))))
+        return sorted(found, key=lambda r: (r.job, r.attempt))
+
+
+def default_state_dir() -> str:
+    """``TETHER_STATE_DIR``, else /var/lib/tether for root, else the XDG state directory."""
+    env = os.environ.get("TETHER_STATE_DIR")
+    if env:
+        return env
+    if os.geteuid() == 0:
+        return "/var/lib/tether"
+    xdg = os.environ.get("XDG_STATE_HOME")
+    base = xdg if xdg else os.path.join(os.path.expanduser("~"), ".local", "state")
+    return os.path.join(base, "tether")

@@ -1,0 +1,104 @@
+"""Process identity: (boot id, pid, start ticks), never a pid alone.
+
+A pid is reused after its process is reaped; the start time (field 22 of /proc/PID/stat, clock
+ticks since boot) is not, within one boot; the boot id tells boots apart, since ticks restart at
+zero. A zombie still has a /proc entry, so a process in state Z or X counts as dead.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+_BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
+_boot_id: str | None = None
+
+
+def boot_id() -> str:
+    global _boot_id
+    if _boot_id is None:
+        with open(_BOOT_ID_PATH) as f:
+            _boot_id = f.read().strip()
+    return _boot_id
+
+
+@dataclass(frozen=True, slots=True)
+class ProcStat:
+    pid: int
+    state: str
+    ppid: int
+    pgrp: int
+    session: int
+    start_ticks: int
+
+    @property
+    def dead(self) -> bool:
+        return self.state in ("Z", "X", "x")
+
+
+def proc_stat(pid: int) -> ProcStat | None:
+    """Parse /proc/PID/stat, or None if there is no such process."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            raw = f.read()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    # comm may contain spaces and ')' itself: everything after the *last* ')' is fixed fields.
+    rest = raw[raw.rfind(b")") + 2 :].split()
+    try:
+        return ProcStat(
+            pid=pid,
+            state=rest[0].decode(),
+            ppid=int(rest[1]),
+            pgrp=int(rest[2]),
+            session=int(rest[3]),
+            start_ticks=int(rest[19]),
+        )
+    except (IndexError, ValueError):
+        return None
+
+
+def start_ticks(pid: int) -> int | None:
+    st = proc_stat(pid)
+    return None if st is None else st.start_ticks
+
+
+@dataclass(frozen=True, slots=True)
+class ProcId:
+    boot_id: str
+    pid: int
+    start_ticks: int
+
+    @classmethod
+    def of(cls, pid: int) -> ProcId | None:
+        ticks = start_ticks(pid)
+        return None if ticks is None else cls(boot_id(), pid, ticks)
+
+    @classmethod
+    def from_dict(cls, d: Any) -> ProcId:
+        if not isinstance(d, dict):
+            raise ValueError("process identity must be a map")
+        b, p, t = d.get("boot_id"), d.get("pid"), d.get("start_ticks")
+        if not isinstance(b, str) or not isinstance(p, int) or not isinstance(t, int) or p <= 0:
+            raise ValueError("process identity needs boot_id (str), pid and start_ticks (int)")
+        return cls(b, p, t)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"boot_id": self.boot_id, "pid": self.pid, "start_ticks": self.start_ticks}
+
+    def alive(self) -> bool:
+        """True when this very process (not a successor with its pid) still runs."""
+        if self.boot_id != boot_id():
+            return False
+        st = proc_stat(self.pid)
+        return st is not None and not st.dead and st.start_ticks == self.start_ticks
+
+
+def all_processes() -> Iterator[ProcStat]:
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            st = proc_stat(int(name))
+            if st is not None:
+                yield st

@@ -1,0 +1,1 @@
+"""The step supervisor: one process per job step, the real parent of its tasks."""

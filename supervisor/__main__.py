@@ -1,0 +1,62 @@
+"""Entry point: ``python -m supervisor --run-dir DIR --lock-fd N`` (started by the agent only).
+
+Everything the supervisor will ever need is imported here, before the step starts, so that a
+package upgrade under a long-running supervisor cannot break it halfway through a job.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import logging
+import os
+import sys
+
+import prctl
+import setproctitle
+
+import supervisor.handlers
+import supervisor.launch
+import supervisor.step  # noqa: F401  (eager import, see above)
+from shared import records
+from shared.paths import RunDir
+from supervisor.service import Supervisor
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="tether-supervisor")
+    parser.add_argument("--run-dir", required=True)
+    parser.add_argument("--lock-fd", type=int, required=True)
+    args = parser.parse_args(argv)
+    name = os.path.basename(os.path.normpath(args.run_dir))
+    try:
+        job_s, attempt_s = name.split(".")
+        rd = RunDir(os.path.abspath(args.run_dir), int(job_s), int(attempt_s))
+    except ValueError:
+        print(f"tether-supervisor: {args.run_dir}: not a run directory", file=sys.stderr)
+        return 2
+    logging.basicConfig(
+        level=logging.INFO, stream=sys.stderr,
+        format=f"%(asctime)s supervisor[{os.getpid()}] job={rd.job}.{rd.attempt} "
+               "%(levelname)s %(message)s")
+    log = logging.getLogger("tether.supervisor")
+    try:
+        # The agent took this lock before spawning us and handed us the fd; re-taking it on
+        # the same open file is a no-op that proves we really hold it.
+        fcntl.flock(args.lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.set_inheritable(args.lock_fd, False)
+    except OSError as exc:
+        log.error("run directory lock (fd %d) is not ours: %s", args.lock_fd, exc)
+        return 2
+    try:
+        spec = records.read_spec(rd.spec)
+    except (OSError, records.RecordError) as exc:
+        log.error("cannot read the job spec: %s", exc)
+        return 2
+    setproctitle.setproctitle(f"tether-supervisor job={rd.job} attempt={rd.attempt}")
+    prctl.set_child_subreaper(1)
+    return Supervisor(rd, spec, args.lock_fd).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,140 @@
+"""Request handlers of the supervisor's socket: one table, one authorization rule per verb.
+
+Who may call what (from the kernel's peer credentials, never from the message):
+- any local user: ``hello``, ``state``
+- root and the agent's uid: ``claim``, ``wait``, ``ack``, ``abort``, ``terminate``
+
+Control verbs name the (job, attempt) they mean; a request for any other attempt is refused, so a
+stale agent request can never claim or acknowledge a relaunch.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import shared
+from shared import protocol
+from shared.errors import PermissionDenied, StateError, UnknownKind
+from shared.protocol import arg_int, arg_number, check_known
+from shared.wire import Peer
+from supervisor.step import Phase
+
+if TYPE_CHECKING:
+    from supervisor.service import Supervisor
+
+#: Returned by a handler that will answer later (a long poll).
+PENDING = object()
+
+Handler = Callable[["Supervisor", Peer, protocol.Request], Any]
+
+
+def _control(sup: Supervisor, peer: Peer, req: protocol.Request) -> None:
+    allowed = {0, os.getuid(), int(sup.spec["agent_uid"])}
+    if peer.uid not in allowed:
+        raise PermissionDenied(f"permission denied: {req.kind!r} is for root and the agent only")
+    job = arg_int(req.args, "job")
+    attempt = arg_int(req.args, "attempt")
+    if (job, attempt) != (sup.rd.job, sup.rd.attempt):
+        raise StateError(f"this supervisor runs job {sup.rd.job} attempt {sup.rd.attempt}, "
+                         f"not job {job} attempt {attempt}")
+
+
+def hello(sup: Supervisor, peer: Peer, req: protocol.Request) -> Any:
+    check_known(req.args, req.kind, ("versions",))
+    version = protocol.negotiate(req.args.get("versions"))
+    assert sup.ident is not None
+    return {
+        "role": "supervisor", "protocol": version, "version": shared.__version__,
+        "job": sup.rd.job, "attempt": sup.rd.attempt, "phase": sup.step.phase.value,
+        "pid": sup.ident.pid, "start_ticks": sup.ident.start_ticks,
+        "boot_id": sup.ident.boot_id, "uid": os.getuid(),
+        "cpus": sup.spec["cpus"], "gpus": sup.spec["gpus"], "memory_mb": sup.spec["memory_mb"],
+    }
+
+
+def state(sup: Supervisor, peer: Peer, req: protocol.Request) -> Any:
+    check_known(req.args, req.kind, ())
+    step = sup.step
+    return {
+        "job": sup.rd.job, "attempt": sup.rd.attempt, "state": step.job_state(),
+        "phase": step.phase.value, "supervisor_pid": os.getpid(),
+        "pids": step.live_pids(), "started_at": step.started_at, "ended_at": step.ended_at,
+        "exit": sup.record,
+    }
+
+
+def claim(sup: Supervisor, peer: Peer, req: protocol.Request) -> Any:
+    check_known(req.args, req.kind, ("job", "attempt"))
+    _control(sup, peer, req)
+    phase = sup.step.phase
+    if phase is Phase.ABORTED:
+        raise StateError(f"step {sup.rd.job}.{sup.rd.attempt} was aborted before launch: "
+                         f"{sup.step.abort_reason}")
+    if phase is Phase.READY:
+        sup.claim()
+    return {
+        "phase": sup.step.phase.value, "started_at": sup.step.started_at,
+        "tasks": [{"rank": t.rank, "pid": t.pid, "start_ticks": t.start_ticks}
+                  for t in sup.step.tasks],
+    }
+
+
+def wait(sup: Supervisor, peer: Peer, req: protocol.Request) -> Any:
+    check_known(req.args, req.kind, ("job", "attempt", "hold"))
+    _control(sup, peer, req)
+    hold = arg_number(req.args, "hold", default=30.0, maximum=3600.0)
+    if sup.record is not None and sup.step.phase in (Phase.EXITED, Phase.ABORTED):
+        return {"done": True, "record": sup.record}
+    sup.add_waiter(peer, req.id, hold)
+    return PENDING
+
+
+def ack(sup: Supervisor, peer: Peer, req: protocol.Request) -> Any:
+    check_known(req.args, req.kind, ("job", "attempt"))
+    _control(sup, peer, req)
+    if sup.step.phase not in (Phase.EXITED, Phase.ABORTED):
+        raise StateError(f"step {sup.rd.job}.{sup.rd.attempt} has not ended "
+                         f"(it is {sup.step.phase.value}); nothing to acknowledge")
+    sup.acknowledged()
+    return {}
+
+
+def abort(sup: Supervisor, peer: Peer, req: protocol.Request) -> Any:
+    check_known(req.args, req.kind, ("job", "attempt", "cancel"))
+    _control(sup, peer, req)
+    if sup.step.phase is Phase.READY:
+        sup.abort("aborted by the agent", cancel=bool(req.args.get("cancel")), keep_record=False)
+        return {"aborted": True}
+    if sup.step.phase is Phase.ABORTED:
+        return {"aborted": True}
+    raise StateError(f"step {sup.rd.job}.{sup.rd.attempt} has already started")
+
+
+def terminate(sup: Supervisor, peer: Peer, req: protocol.Request) -> Any:
+    check_known(req.args, req.kind, ("job", "attempt", "grace", "cancel"))
+    _control(sup, peer, req)
+    grace = arg_number(req.args, "grace", default=10.0, maximum=86400.0)
+    cancel = bool(req.args.get("cancel", False))
+    sup.terminate(grace=grace, cancel=cancel,
+                  why="cancelled" if cancel else "terminated by the agent")
+    return {"phase": sup.step.phase.value}
+
+
+HANDLERS: dict[str, Handler] = {
+    "hello": hello,
+    "state": state,
+    "claim": claim,
+    "wait": wait,
+    "ack": ack,
+    "abort": abort,
+    "terminate": terminate,
+}
+
+
+def dispatch(sup: Supervisor, peer: Peer, req: protocol.Request) -> Any:
+    handler = HANDLERS.get(req.kind)
+    if handler is None:
+        raise UnknownKind(f"unknown request kind {req.kind!r}")
+    return handler(sup, peer, req)

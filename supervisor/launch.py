@@ -1,0 +1,129 @@
+"""Starting the step's tasks (I/O).
+
+Each task is a direct child of the supervisor, leads its own process group, starts with stdin on
+/dev/null and stdout/stderr on files opened here (no byte of output passes through the agent or
+this process), with every signal at its default: the supervisor installs Python handlers only,
+which exec resets, and ignores or blocks nothing.
+
+CPU affinity is set on this (main) thread just before the fork and restored after: a child
+inherits the affinity of the thread that forked it, so no ``preexec_fn`` runs in the child.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+from typing import Any
+
+from shared.procid import start_ticks
+from supervisor.step import Step, Task
+
+log = logging.getLogger(__name__)
+
+GPU_VARS = ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")
+
+
+class LaunchFailed(Exception):
+    pass
+
+
+def task_env(spec: dict[str, Any], rank: int) -> dict[str, str]:
+    env = dict(spec["env"])
+    gpus = ",".join(str(g) for g in spec["gpus"])
+    for var in GPU_VARS:
+        if spec["gpus"]:
+            env[var] = gpus
+        else:
+            env.pop(var, None)
+    cpus = spec["cpus"]
+    per = len(cpus) // spec["ntasks"] if cpus else 0
+    env.update({
+        "TETHER_JOB_ID": str(spec["job"]),
+        "TETHER_ATTEMPT": str(spec["attempt"]),
+        "TETHER_TASK_ID": str(rank),
+        "TETHER_NTASKS": str(spec["ntasks"]),
+        "TETHER_JOB_NAME": spec["name"],
+        "TETHER_CPUS": ",".join(str(c) for c in cpus[rank * per:(rank + 1) * per]),
+    })
+    return env
+
+
+def _open_output(path: str) -> int:
+    try:
+        return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND | os.O_CLOEXEC,
+                       0o644)
+    except OSError as exc:
+        raise LaunchFailed(f"cannot open output file {path}: {exc.strerror}") from None
+
+
+def _exec_reason(exc: OSError, spec: dict[str, Any]) -> str:
+    if exc.filename == spec["workdir"]:
+        return f"cannot enter working directory {spec['workdir']}: {exc.strerror}"
+    return f"cannot execute {spec['command'][0]!r}: {exc.strerror}"
+
+
+class Launcher:
+    """Holds the Popen objects so that subprocess never reaps them behind the reaper's back."""
+
+    def __init__(self) -> None:
+        self.procs: dict[int, subprocess.Popen[bytes]] = {}
+
+    def launch(self, spec: dict[str, Any], step: Step) -> None:
+        """Start every task. On a failure the started ones are killed by the caller."""
+        fds: list[int] = []
+        try:
+            out = _open_output(spec["output"])
+            fds.append(out)
+            err = out if spec["error"] == spec["output"] else _open_output(spec["error"])
+            if err != out:
+                fds.append(err)
+        except LaunchFailed as exc:
+            for fd in fds:
+                os.close(fd)
+            step.tasks[0].record_launch_failure(str(exc))
+            step.note_exit(step.tasks[0])
+            raise
+        own_affinity = os.sched_getaffinity(0)
+        try:
+            for task in step.tasks:
+                self._start(spec, task, out, err)
+                step.note_exit(task)
+                if task.done:  # could not exec: the step fails, the others are not started
+                    raise LaunchFailed(task.reason or "launch failed")
+        finally:
+            os.sched_setaffinity(0, own_affinity)
+            for fd in fds:
+                os.close(fd)
+
+    def _start(self, spec: dict[str, Any], task: Task, out: int, err: int) -> None:
+        cpus = spec["affinity"][task.rank]
+        if cpus:
+            try:
+                os.sched_setaffinity(0, cpus)
+            except OSError as exc:
+                log.warning("task %d: cannot set CPU affinity %s: %s", task.rank, cpus, exc)
+        try:
+            proc = subprocess.Popen(
+                spec["command"],
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=err,
+                cwd=spec["workdir"],
+                env=task_env(spec, task.rank),
+                process_group=0,
+                close_fds=True,
+                restore_signals=True,
+            )
+        except OSError as exc:
+            task.record_launch_failure(_exec_reason(exc, spec))
+            log.warning("task %d: %s", task.rank, task.reason)
+            return
+        self.procs[proc.pid] = proc
+        task.pid = proc.pid
+        task.start_ticks = start_ticks(proc.pid) or 0
+
+    def reaped(self, pid: int, status: int) -> None:
+        proc = self.procs.pop(pid, None)
+        if proc is not None:
+            proc.returncode = os.waitstatus_to_exitcode(status)

@@ -1,0 +1,359 @@
+"""The supervisor's one event loop (I/O).
+
+Theory of operation. One thread polls three things: the ROUTER socket (agent, CLI, tools), the
+read end of a socketpair that signal handlers wake (``signal.set_wakeup_fd``: the handlers
+themselves do nothing), and a heap of timers. Nothing blocks anywhere else.
+
+Races this loop is built around:
+- A task's exit and a request about it arrive in the same wake-up: signals are handled first, so
+  a reply never reports a task alive that has already been reaped.
+- SIGCHLD coalesces: every wake-up drains ``waitid`` until nothing is left.
+- A task leader that exits leaves its process group behind: the group is SIGKILLed while the
+  leader is still an unreaped zombie (``WNOWAIT``), so the group id cannot have been reused.
+- Daemons that left the group (setsid) are re-parented to us, a child subreaper: once the last
+  task is gone, every remaining child is killed by pid, which is safe because an unreaped child's
+  pid cannot be reused.
+- The exit record is durable (fsync, rename) before anyone is told the step ended.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import signal
+import socket
+import time
+from typing import Any
+
+import zmq
+
+import shared
+from shared import protocol, records, wire
+from shared.errors import TetherError
+from shared.paths import RunDir
+from shared.procid import ProcId, all_processes
+from shared.timers import Timer, Timers, rfc3339_now
+from supervisor import handlers
+from supervisor.launch import Launcher, LaunchFailed
+from supervisor.step import Phase, Step, signal_name
+
+log = logging.getLogger("tether.supervisor")
+
+#: How long to wait for killed leftovers to be reaped before writing the record anyway.
+DRAIN_TIMEOUT = 10.0
+#: How long the final reply (to ack) may take to leave before the socket is dropped.
+CLOSE_LINGER_MS = 1000
+MAX_HOLD = 600.0
+
+
+now_rfc3339 = rfc3339_now
+
+
+class Supervisor:
+    def __init__(self, rd: RunDir, spec: dict[str, Any], lock_fd: int) -> None:
+        self.rd = rd
+        self.spec = spec
+        self.lock_fd = lock_fd
+        self.step = Step(job=rd.job, attempt=rd.attempt, ntasks=spec["ntasks"])
+        self.launcher = Launcher()
+        self.timers = Timers()
+        self.ident = ProcId.of(os.getpid())
+        self.session = os.getsid(0)
+        self.waiters: list[tuple[wire.Peer, protocol.RequestId, Timer]] = []
+        self.record: dict[str, Any] | None = None
+        self.running = True
+        self.remove_rundir = False
+        self.kill_timer: Timer | None = None
+        self.drain_timer: Timer | None = None
+        self.claim_timer: Timer | None = None
+        self.router: zmq.Socket[Any] | None = None
+
+    # ---- loop ------------------------------------------------------------------------------
+
+    def run(self) -> int:
+        wake_r, wake_w = socket.socketpair()
+        wake_r.setblocking(False)
+        wake_w.setblocking(False)
+        signal.set_wakeup_fd(wake_w.fileno(), warn_on_full_buffer=False)
+        for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, _wake_only)
+        ctx: zmq.Context[Any] = zmq.Context()
+        old_umask = os.umask(0)  # every request is authorized per verb; see handlers.py
+        try:
+            self.router = wire.bind_router(ctx, self.rd.sock)
+        finally:
+            os.umask(old_umask)
+        self.write_manifest()
+        self.claim_timer = self.timers.at(
+            time.monotonic() + float(self.spec["claim_timeout"]), self.claim_expired)
+        log.info("ready on %s; waiting up to %gs for the agent's claim", self.rd.sock,
+                 self.spec["claim_timeout"])
+        poller = zmq.Poller()
+        poller.register(self.router, zmq.POLLIN)
+        poller.register(wake_r, zmq.POLLIN)
+        try:
+            while self.running:
+                events = dict(poller.poll(self.timers.timeout_ms(time.monotonic())))
+                if wake_r.fileno() in events:
+                    self.on_signals(wake_r)
+                if self.router in events:
+                    self.serve()
+                self.timers.run_due(time.monotonic())
+        finally:
+            self.router.close(linger=CLOSE_LINGER_MS)
+            ctx.term()
+            if self.remove_rundir:
+                shutil.rmtree(self.rd.path, ignore_errors=True)
+            else:
+                _unlink(self.rd.sock)
+        log.info("supervisor exits")
+        return 0
+
+    def serve(self) -> None:
+        assert self.router is not None
+        while (msg := wire.receive(self.router)) is not None:
+            peer, req = msg
+            try:
+                result = handlers.dispatch(self, peer, req)
+            except TetherError as exc:
+                if exc.code == "permission_denied":
+                    log.warning("refused %r from %s: %s", req.kind, peer, exc.message)
+                self.reply(peer, protocol.error(req.id, exc))
+                continue
+            except Exception:  # a bug must not take the step down with it
+                log.exception("handler for %r failed", req.kind)
+                self.reply(peer, protocol.error(req.id, TetherError("internal error")))
+                continue
+            if result is not handlers.PENDING:
+                self.reply(peer, protocol.ok(req.id, result))
+
+    def reply(self, peer: wire.Peer, reply: protocol.Reply) -> None:
+        assert self.router is not None
+        wire.send(self.router, peer, reply)
+
+    def on_signals(self, wake_r: socket.socket) -> None:
+        got: set[int] = set()
+        while True:
+            try:
+                data = wake_r.recv(4096)
+            except BlockingIOError:
+                break
+            if not data:
+                break
+            got.update(data)
+        if signal.SIGCHLD in got or self.step.phase in (Phase.RUNNING, Phase.DRAINING):
+            self.reap()
+        for sig in got - {signal.SIGCHLD}:
+            log.warning("received %s: terminating the step", signal_name(sig))
+            self.terminate(grace=float(self.spec.get("kill_grace", 10)), cancel=False,
+                           why=f"supervisor received {signal_name(sig)}")
+
+    # ---- launch ----------------------------------------------------------------------------
+
+    def claim(self) -> None:
+        """Start the tasks (phase ready -> running). Called once, by the first valid claim."""
+        if self.claim_timer:
+            self.claim_timer.cancel()
+        self.step.advance(Phase.RUNNING)
+        self.step.started_at = now_rfc3339()
+        try:
+            self.launcher.launch(self.spec, self.step)
+        except LaunchFailed as exc:
+            log.warning("launch failed: %s", exc)
+            for task in self.step.tasks:
+                if task.pid and not task.done:
+                    _killpg(task.pid, signal.SIGKILL)
+        self.write_manifest()
+        log.info("launched %d task(s): pids %s", self.step.ntasks,
+                 [t.pid for t in self.step.tasks])
+        self.reap()  # a launch failure may already have finished the step
+
+    def claim_expired(self) -> None:
+        if self.step.phase is not Phase.READY:
+            return
+        self.abort(f"no agent claimed the step within {self.spec['claim_timeout']:g}s",
+                   cancel=False, keep_record=True)
+
+    def abort(self, reason: str, *, cancel: bool, keep_record: bool) -> None:
+        """Give up before launching: nothing ran. ``keep_record`` leaves a sentinel saying so."""
+        self.step.advance(Phase.ABORTED)
+        self.step.cancelled = cancel
+        self.step.abort_reason = reason
+        self.step.ended_at = now_rfc3339()
+        log.warning("aborted before launch: %s", reason)
+        if keep_record:
+            self.write_record()
+        else:
+            self.record = self.build_record()
+            self.remove_rundir = True
+        self.release_waiters()
+        self.running = False
+
+    # ---- end of the step -------------------------------------------------------------------
+
+    def reap(self) -> None:
+        by_pid = {t.pid: t for t in self.step.tasks if t.pid and not t.done}
+        while True:
+            try:
+                info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            except ChildProcessError:
+                break
+            if info is None or info.si_pid == 0:
+                break
+            pid = info.si_pid
+            task = by_pid.pop(pid, None)
+            if task is not None:
+                # The leader is a zombie, so its pid (= its group id) is still ours to kill.
+                _killpg(pid, signal.SIGKILL)
+            try:
+                _, status, rusage = os.wait4(pid, os.WNOHANG)
+            except ChildProcessError:
+                continue
+            self.launcher.reaped(pid, status)
+            if task is not None:
+                task.record_status(status, rusage)
+                self.step.note_exit(task)
+                how = (f"killed by {signal_name(task.signal)}" if task.signal is not None
+                       else f"exited with code {task.exit_code}")
+                log.info("task %d (pid %d) %s", task.rank, pid, how)
+        if self.step.phase is Phase.RUNNING and self.step.all_done:
+            self.step.advance(Phase.DRAINING)
+            if self.kill_timer:
+                self.kill_timer.cancel()
+            self.drain_timer = self.timers.at(time.monotonic() + DRAIN_TIMEOUT, self.finish)
+        if self.step.phase is Phase.DRAINING and self.sweep() == 0:
+            self.finish()
+
+    def sweep(self) -> int:
+        """SIGKILL every remaining child (adopted daemons); return how many are left."""
+        me = os.getpid()
+        left = 0
+        for st in all_processes():
+            if st.ppid == me:
+                left += 1
+                if not st.dead:
+                    try:
+                        os.kill(st.pid, signal.SIGKILL)
+                        log.info("killed leftover process %d", st.pid)
+                    except ProcessLookupError:
+                        pass
+        return left
+
+    def finish(self) -> None:
+        if self.step.phase is not Phase.DRAINING:
+            return
+        if self.drain_timer:
+            self.drain_timer.cancel()
+        left = self.sweep()
+        if left:
+            log.error("%d leftover process(es) survived SIGKILL for %gs; ending the step anyway",
+                      left, DRAIN_TIMEOUT)
+        self.step.ended_at = now_rfc3339()
+        self.step.advance(Phase.EXITED)
+        self.write_record()
+        log.info("step ended: %s", self.record)
+        self.release_waiters()
+        linger = float(self.spec["linger"])
+        self.timers.at(time.monotonic() + linger, self.linger_expired)
+
+    def linger_expired(self) -> None:
+        log.warning("no agent acknowledged the result within %gs; exiting and leaving the "
+                    "exit record at %s", self.spec["linger"], self.rd.sentinel)
+        self.running = False
+
+    def acknowledged(self) -> None:
+        self.remove_rundir = True
+        self.running = False
+
+    def terminate(self, *, grace: float, cancel: bool, why: str) -> None:
+        phase = self.step.phase
+        if phase is Phase.READY:
+            self.abort(why, cancel=cancel, keep_record=False)
+            return
+        if phase is not Phase.RUNNING:
+            return
+        if cancel:
+            self.step.cancelled = True
+        elif self.step.terminated_by is None:
+            self.step.terminated_by = why
+        for pid in self.step.live_pids():
+            _killpg(pid, signal.SIGTERM)
+        if self.kill_timer is None:
+            self.kill_timer = self.timers.at(time.monotonic() + grace, self.kill_now)
+            log.info("%s: sent SIGTERM, SIGKILL in %gs", why, grace)
+
+    def kill_now(self) -> None:
+        for task in self.step.tasks:
+            if task.pid and not task.done:
+                log.warning("task %d (pid %d) outlived the grace period; sending SIGKILL",
+                            task.rank, task.pid)
+                _killpg(task.pid, signal.SIGKILL)
+
+    # ---- records ---------------------------------------------------------------------------
+
+    def build_record(self) -> dict[str, Any]:
+        rec = {
+            "schema": records.SCHEMA, "job": self.rd.job, "attempt": self.rd.attempt,
+            "tasks": [t.to_dict() for t in self.step.tasks],
+            "started_at": self.step.started_at, "ended_at": self.step.ended_at,
+        }
+        rec.update(self.step.outcome())
+        return rec
+
+    def write_record(self) -> None:
+        self.record = self.build_record()
+        try:
+            records.atomic_write_json(self.rd.sentinel, self.record)
+        except OSError as exc:  # still served from memory to the agent
+            log.error("cannot write the exit record %s: %s", self.rd.sentinel, exc)
+
+    def write_manifest(self) -> None:
+        assert self.ident is not None
+        phase = "ready" if self.step.phase is Phase.READY else "running"
+        man = {
+            "schema": records.SCHEMA, "job": self.rd.job, "attempt": self.rd.attempt,
+            "phase": phase, "protocol": protocol.PROTOCOL_VERSION, "version": shared.__version__,
+            "supervisor": self.ident.to_dict(), "session": self.session,
+            "tasks": [{"rank": t.rank, "boot_id": self.ident.boot_id, "pid": t.pid,
+                       "start_ticks": t.start_ticks} for t in self.step.tasks if t.pid],
+            "cpus": self.spec["cpus"], "gpus": self.spec["gpus"],
+            "memory_mb": self.spec["memory_mb"], "output": self.spec["output"],
+            "error": self.spec["error"], "socket": self.rd.sock,
+            "started_at": self.step.started_at,
+        }
+        try:
+            records.atomic_write_json(self.rd.manifest, man)
+        except OSError as exc:
+            log.error("cannot write the manifest %s: %s", self.rd.manifest, exc)
+
+    def release_waiters(self) -> None:
+        for peer, rid, timer in self.waiters:
+            timer.cancel()
+            self.reply(peer, protocol.ok(rid, {"done": True, "record": self.record}))
+        self.waiters.clear()
+
+    def add_waiter(self, peer: wire.Peer, rid: protocol.RequestId, hold: float) -> None:
+        def expire() -> None:
+            for i, (p, r, _) in enumerate(self.waiters):
+                if p == peer and r == rid:
+                    del self.waiters[i]
+                    self.reply(peer, protocol.ok(rid, {"done": False}))
+                    return
+        timer = self.timers.at(time.monotonic() + min(hold, MAX_HOLD), expire)
+        self.waiters.append((peer, rid, timer))
+
+
+def _wake_only(signum: int, frame: object) -> None:
+    """The real work happens in the loop, woken through the wakeup fd."""
+
+
+def _killpg(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def _unlink(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)

@@ -1,0 +1,165 @@
+"""The step as the supervisor knows it: its phase, its tasks and their exit statuses. Pure.
+
+Phases move one way only:
+
+    ready --claim--> running --last task reaped--> draining --leftovers gone--> exited
+    ready --abort or claim deadline--> aborted
+
+The result (``outcome``) is computed once, from the first task to fail: when one rank fails
+and the step then kills the others, the killed ranks' SIGKILL is not the step's story.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import signal
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class Phase(enum.Enum):
+    READY = "ready"
+    RUNNING = "running"
+    DRAINING = "draining"
+    EXITED = "exited"
+    ABORTED = "aborted"
+
+
+_NEXT: dict[Phase, frozenset[Phase]] = {
+    Phase.READY: frozenset({Phase.RUNNING, Phase.ABORTED}),
+    Phase.RUNNING: frozenset({Phase.DRAINING}),
+    Phase.DRAINING: frozenset({Phase.EXITED}),
+    Phase.EXITED: frozenset(),
+    Phase.ABORTED: frozenset(),
+}
+
+
+class PhaseError(RuntimeError):
+    pass
+
+
+def signal_name(num: int) -> str:
+    try:
+        return signal.Signals(num).name
+    except ValueError:
+        return f"signal {num}"
+
+
+@dataclass
+class Task:
+    rank: int
+    pid: int = 0
+    start_ticks: int = 0
+    exit_code: int | None = None
+    signal: int | None = None
+    core_dumped: bool = False
+    utime: float = 0.0
+    stime: float = 0.0
+    maxrss_kb: int = 0
+    reason: str | None = None
+    done: bool = False
+
+    def record_status(self, status: int, rusage: Any | None) -> None:
+        if os.WIFSIGNALED(status):
+            self.signal = os.WTERMSIG(status)
+            self.core_dumped = os.WCOREDUMP(status)
+        else:
+            self.exit_code = os.WEXITSTATUS(status)
+        if rusage is not None:
+            self.utime, self.stime = rusage.ru_utime, rusage.ru_stime
+            self.maxrss_kb = rusage.ru_maxrss
+        self.done = True
+
+    def record_launch_failure(self, reason: str) -> None:
+        self.exit_code, self.reason, self.done = 127, reason, True
+
+    @property
+    def failed(self) -> bool:
+        return self.done and (self.signal is not None or self.exit_code != 0)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "rank": self.rank, "pid": self.pid, "start_ticks": self.start_ticks,
+            "alive": not self.done, "exit_code": self.exit_code, "signal": self.signal,
+            "core_dumped": self.core_dumped, "utime": self.utime, "stime": self.stime,
+            "maxrss_kb": self.maxrss_kb, "reason": self.reason,
+        }
+
+
+@dataclass
+class Step:
+    job: int
+    attempt: int
+    ntasks: int
+    phase: Phase = Phase.READY
+    tasks: list[Task] = field(default_factory=list)
+    first_failure: Task | None = None
+    cancelled: bool = False
+    terminated_by: str | None = None
+    started_at: str | None = None
+    ended_at: str | None = None
+    abort_reason: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.tasks:
+            self.tasks = [Task(rank=r) for r in range(self.ntasks)]
+
+    def advance(self, to: Phase) -> None:
+        if to not in _NEXT[self.phase]:
+            raise PhaseError(f"step {self.job}.{self.attempt} can't go from "
+                             f"{self.phase.value} to {to.value}")
+        self.phase = to
+
+    def note_exit(self, task: Task) -> None:
+        if task.failed and self.first_failure is None:
+            self.first_failure = task
+
+    @property
+    def all_done(self) -> bool:
+        return all(t.done for t in self.tasks)
+
+    def live_pids(self) -> list[int]:
+        return [t.pid for t in self.tasks if t.pid and not t.done]
+
+    def job_state(self) -> str:
+        """The state in the job object's vocabulary."""
+        if self.phase is Phase.READY:
+            return "starting"
+        if self.phase in (Phase.RUNNING, Phase.DRAINING):
+            return "running"
+        if self.phase is Phase.ABORTED:
+            return "cancelled" if self.cancelled else "pending"
+        return self.outcome()["state"]
+
+    def outcome(self) -> dict[str, Any]:
+        """The step's result: the exit record's body."""
+        if self.phase is Phase.ABORTED:
+            return {"state": "aborted", "launched": False, "exit_code": None, "signal": None,
+                    "reason": self.abort_reason}
+        bad = self.first_failure
+        if self.cancelled:
+            state = "cancelled"
+        elif bad is None:
+            state = "completed"
+        else:
+            state = "failed"
+        exit_code: int | None = 0
+        sig: int | None = None
+        reason = None
+        if bad is not None:
+            exit_code, sig = bad.exit_code, bad.signal
+            if bad.reason:
+                reason = bad.reason
+            elif sig is not None:
+                reason = f"task {bad.rank} (pid {bad.pid}) was killed by {signal_name(sig)}"
+                if bad.core_dumped:
+                    reason += " (core dumped)"
+            elif self.ntasks > 1:
+                reason = f"task {bad.rank} (pid {bad.pid}) exited with code {exit_code}"
+        if self.cancelled:
+            reason = "cancelled" + (f"; {reason}" if reason else "")
+        elif self.terminated_by:
+            reason = self.terminated_by + (f"; {reason}" if reason else "")
+        return {"state": state, "launched": True, "exit_code": exit_code, "signal": sig,
+                "reason": reason}
