@@ -65,7 +65,7 @@ class Link:
         return f"<Link job={self.job}.{self.attempt} pending={sorted(self.pending)}>"
 
     def _open(self) -> zmq.Socket[Any]:
-        sock = self.ctx.socket(zmq.DEALER)
+        sock: zmq.Socket[Any] = self.ctx.socket(zmq.DEALER)
         configure(sock)
         sock.connect("ipc://" + self.path)
         return sock
@@ -117,7 +117,7 @@ class Link:
             except zmq.Again:
                 return
             try:
-                self.peer_pid = int(frame.get("Peer-Address").rsplit(":", 1)[1])
+                self.peer_pid = int(str(frame.get("Peer-Address")).rsplit(":", 1)[1])
             except (zmq.ZMQError, ValueError, IndexError):
                 self.peer_pid = -1
             try:

@@ -78,7 +78,9 @@ def _valid_id(value: Any) -> bool:
 
 
 def encode_request(req: Request) -> bytes:
-    return msgpack.packb({"v": req.v, "id": req.id, "kind": req.kind, "args": dict(req.args)})
+    data: bytes = msgpack.packb({"v": req.v, "id": req.id, "kind": req.kind,
+                                 "args": dict(req.args)})
+    return data
 
 
 def decode_request(data: bytes) -> Request:
@@ -106,6 +108,7 @@ def decode_request(data: bytes) -> Request:
     unknown = set(obj) - {"v", "id", "kind", "args"}
     if unknown:
         raise DecodeError(f"request has unknown fields {sorted(unknown)}", rid)
+    assert rid is not None
     return Request(id=rid, kind=kind, args=args, v=version)
 
 
@@ -135,7 +138,8 @@ def encode_reply(reply: Reply) -> bytes:
         body["result"] = reply.result
     else:
         body["error"] = {"code": reply.code, "message": reply.message}
-    return msgpack.packb(body)
+    data: bytes = msgpack.packb(body)
+    return data
 
 
 def decode_reply(data: bytes) -> Reply:
@@ -150,7 +154,8 @@ def decode_reply(data: bytes) -> Reply:
     err = obj.get("error")
     if not isinstance(err, dict):
         raise DecodeError("error reply has no 'error' map")
-    return Reply(id=rid, ok=False, code=str(err.get("code", "")), message=str(err.get("message", "")))
+    return Reply(id=rid, ok=False, code=str(err.get("code", "")),
+                 message=str(err.get("message", "")))
 
 
 def negotiate(offered: Any) -> int:

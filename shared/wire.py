@@ -41,7 +41,7 @@ def parse_peer_address(value: str) -> tuple[int, int, int]:
 
 
 def bind_router(ctx: zmq.Context[Any], path: str) -> zmq.Socket[Any]:
-    sock = ctx.socket(zmq.ROUTER)
+    sock: zmq.Socket[Any] = ctx.socket(zmq.ROUTER)
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
     sock.setsockopt(zmq.MAXMSGSIZE, protocol.MAX_FRAME)
@@ -62,7 +62,7 @@ def receive(sock: zmq.Socket[Any]) -> tuple[Peer, protocol.Request] | None:
         routing_id = frames[0].bytes
         payload = frames[-1]
         try:
-            uid, gid, pid = parse_peer_address(payload.get("Peer-Address"))
+            uid, gid, pid = parse_peer_address(str(payload.get("Peer-Address")))
         except zmq.ZMQError:
             uid, gid, pid = -1, -1, -1
         peer = Peer(routing_id, uid, gid, pid, len(frames) == 3 and not frames[1].bytes)

@@ -41,7 +41,7 @@ class PhaseError(RuntimeError):
 
 def signal_name(num: int) -> str:
     try:
-        return signal.Signals(num).name
+        return str(signal.Signals(num).name)
     except ValueError:
         return f"signal {num}"
 
@@ -130,7 +130,7 @@ class Step:
             return "running"
         if self.phase is Phase.ABORTED:
             return "cancelled" if self.cancelled else "pending"
-        return self.outcome()["state"]
+        return str(self.outcome()["state"])
 
     def outcome(self) -> dict[str, Any]:
         """The step's result: the exit record's body."""

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Installs what tether needs on a fresh Debian machine (run as root, or with sudo available):
+# libcap headers for python-prctl, Debian's python3 with venv, and a venv at .venv with tether.
+# Debian's /usr/bin/python3 is used (not a pyenv shim): it starts fast and other users can run it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SUDO=""
+if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
+need=()
+for pkg in libcap-dev python3-venv python3-dev; do
+    dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
+done
+if [ ${#need[@]} -gt 0 ]; then
+    echo "setup: installing ${need[*]}" >&2
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+if [ ! -x .venv/bin/python ]; then
+    /usr/bin/python3 -m venv .venv
+fi
+.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'

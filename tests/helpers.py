@@ -1,0 +1,180 @@
+"""Driving real agents, supervisors and jobs from tests: processes, signals and files."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from shared import records
+from shared.paths import Layout
+from shared.procid import all_processes, proc_stat
+
+T = TypeVar("T")
+
+CLI = [sys.executable, "-m", "cli.main"]
+
+
+def poll_until(predicate: Callable[[], T], timeout: float, what: str,
+               interval: float = 0.02) -> T:
+    """Poll ``predicate`` until it is truthy; fail naming ``what`` if it never is."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+def pid_alive(pid: int) -> bool:
+    st = proc_stat(pid)
+    return st is not None and not st.dead
+
+
+class Node:
+    """One state directory, its agent (restartable) and everything they start."""
+
+    def __init__(self, cpus: int = 4, extra: list[str] | None = None) -> None:
+        self.dir = tempfile.mkdtemp(dir="/tmp", prefix="tt")
+        self.state = os.path.join(self.dir, "s")
+        self.work = os.path.join(self.dir, "w")
+        os.makedirs(self.work)
+        self.layout = Layout(self.state)
+        self.args = ["--cpus", str(cpus), "--cancel-grace", "2", *(extra or [])]
+        self.agent: subprocess.Popen[bytes] | None = None
+        self.agent_logs: list[str] = []
+        self.env = dict(os.environ, TETHER_STATE_DIR=self.state)
+
+    # ---- the agent -------------------------------------------------------------------------
+
+    def start(self, env: dict[str, str] | None = None, wait: bool = True) -> None:
+        assert self.agent is None or self.agent.poll() is not None, "agent already running"
+        log = os.path.join(self.dir, f"agent{len(self.agent_logs)}.log")
+        self.agent_logs.append(log)
+        with open(log, "wb") as out:
+            self.agent = subprocess.Popen(
+                [*CLI, "agent", "--state-dir", self.state, *self.args],
+                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                env=dict(self.env, **(env or {})), start_new_session=True,
+            )
+        if wait:
+            poll_until(lambda: self.agent_answers(), 20, "the agent to answer `status`")
+
+    def agent_answers(self) -> bool:
+        assert self.agent is not None
+        if self.agent.poll() is not None:
+            raise AssertionError(f"agent exited with {self.agent.returncode}: {self.logs()}")
+        return self.cli("status").returncode == 0
+
+    def stop(self, sig: int = signal.SIGTERM) -> int:
+        assert self.agent is not None
+        self.agent.send_signal(sig)
+        rc = self.agent.wait(timeout=20)
+        return rc
+
+    def logs(self) -> str:
+        out = []
+        for path in [*self.agent_logs, os.path.join(self.state, "supervisors.log")]:
+            try:
+                with open(path) as f:
+                    out.append(f"--- {path}\n{f.read()[-6000:]}")
+            except FileNotFoundError:
+                pass
+        return "\n".join(out)
+
+    # ---- the CLI ---------------------------------------------------------------------------
+
+    def cli(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*CLI, *args], capture_output=True, text=True, env=self.env,
+                              cwd=self.work, timeout=timeout)
+
+    def ok(self, *args: str) -> str:
+        res = self.cli(*args)
+        assert res.returncode == 0, f"tether {' '.join(args)}: rc={res.returncode} " \
+                                    f"{res.stderr}\n{self.logs()}"
+        return res.stdout
+
+    def submit(self, *command: str, opts: tuple[str, ...] = ()) -> int:
+        return int(self.ok("submit", *opts, "--", *command).strip())
+
+    def job(self, job_id: int) -> dict[str, Any]:
+        result: dict[str, Any] = json.loads(self.ok("show", str(job_id), "--json"))
+        return result
+
+    def status(self) -> dict[str, Any]:
+        result: dict[str, Any] = json.loads(self.ok("status", "--json"))
+        return result
+
+    def wait_state(self, job_id: int, states: tuple[str, ...], timeout: float = 30) -> dict[
+            str, Any]:
+        return poll_until(lambda: (j := self.job(job_id))["state"] in states and j, timeout,
+                          f"job {job_id} to reach {states}")
+
+    def wait_end(self, job_id: int, timeout: float = 60) -> dict[str, Any]:
+        res = self.cli("wait", str(job_id), "--timeout", str(timeout), timeout=timeout + 30)
+        assert res.returncode != 124, f"job {job_id} did not end in {timeout}s\n{self.logs()}"
+        return self.job(job_id)
+
+    # ---- what is on disk and in /proc -------------------------------------------------------
+
+    def manifest(self, job_id: int, attempt: int = 1) -> dict[str, Any]:
+        return records.read_manifest(self.layout.run_dir(job_id, attempt).manifest)
+
+    def running_manifest(self, job_id: int, attempt: int = 1) -> dict[str, Any]:
+        def get() -> dict[str, Any] | None:
+            try:
+                m = self.manifest(job_id, attempt)
+            except (FileNotFoundError, records.RecordError):
+                return None
+            return m if m["phase"] == "running" else None
+        return poll_until(get, 30, f"job {job_id} manifest phase=running")
+
+    def supervisor_pids(self) -> list[int]:
+        """Every live supervisor of this state dir, found from /proc (not from the agent)."""
+        found = []
+        for st in all_processes():
+            if st.dead:
+                continue
+            try:
+                with open(f"/proc/{st.pid}/cmdline", "rb") as f:
+                    argv = f.read().split(b"\0")
+            except OSError:
+                continue
+            if b"supervisor" in argv and any(a.startswith(self.state.encode() + b"/run/")
+                                             for a in argv):
+                found.append(st.pid)
+        return found
+
+    def cleanup(self) -> None:
+        """Kill the agent, every supervisor and every process of their sessions."""
+        if self.agent is not None and self.agent.poll() is None:
+            self.agent.kill()
+            self.agent.wait()
+        sups = self.supervisor_pids()
+        sessions = set()
+        for pid in sups:
+            st = proc_stat(pid)
+            if st is not None:
+                sessions.add(st.session)
+        for pid in sups:
+            _kill(pid)
+        for st in all_processes():
+            if st.session in sessions and st.pid != os.getpid():
+                _kill(st.pid)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
