@@ -162,22 +162,31 @@ class Agent:
     def step(self, wake_r: socket.socket, cap_ms: int | None = None) -> None:
         events = self.poller.poll(self.timers.timeout_ms(time.monotonic(), cap_ms))
         for item, _ in events:
-            if item is wake_r or item == wake_r.fileno():
-                self.on_signals(wake_r)
-            elif item is self.router:
-                self.serve()
-            elif isinstance(item, int):
-                pid_link = self.by_pidfd.get(item)
-                if pid_link is not None:
-                    self.on_supervisor_exit(pid_link)
-            else:
-                sock_link = self.by_sock.get(item)
-                if sock_link is not None:
-                    sock_link.readable()
-        self.timers.run_due(time.monotonic())
-        if self.schedule_due and self.router is not None:
-            self.schedule_due = False
-            self.schedule()
+            try:
+                self.dispatch_event(item, wake_r)
+            except Exception:  # a bug in one job's handling must not stop the node
+                log.exception("internal error while handling %r", item)
+        try:
+            self.timers.run_due(time.monotonic())
+            if self.schedule_due and self.router is not None:
+                self.schedule_due = False
+                self.schedule()
+        except Exception:
+            log.exception("internal error in a timer or the scheduler")
+
+    def dispatch_event(self, item: Any, wake_r: socket.socket) -> None:
+        if item is wake_r or item == wake_r.fileno():
+            self.on_signals(wake_r)
+        elif item is self.router:
+            self.serve()
+        elif isinstance(item, int):
+            pid_link = self.by_pidfd.get(item)
+            if pid_link is not None:
+                self.on_supervisor_exit(pid_link)
+        else:
+            sock_link = self.by_sock.get(item)
+            if sock_link is not None:
+                sock_link.readable()
 
     def on_signals(self, wake_r: socket.socket) -> None:
         try:
@@ -374,6 +383,9 @@ class Agent:
                 self.wait(link)
                 return
             self.collect(job, res["record"])
+            if "skip-ack" in self.cfg.faults:
+                log.warning("job %d: fault injection: not acknowledging", job.id)
+                return
             self.ack(link)
 
         def err(exc: TetherError) -> None:
@@ -406,19 +418,15 @@ class Agent:
         if job is None:
             self.drop_link(link)
             return
-        if isinstance(exc, RemoteError) and exc.code != "unreachable":
+        if isinstance(exc, RemoteError):
             log.error("job %d: supervisor refused: %s", job.id, exc.message)
-            if fallback.lock_is_free(rd):
-                self.drop_link(link)
-                self.gone(job)
-            return
         if fallback.lock_is_free(rd):
             self.drop_link(link)
             self.gone(job)
             return
-        log.warning("job %d: %s; the supervisor holds its lock, so it is alive but "
-                    "unresponsive: keeping its allocation and retrying in %gs", job.id,
-                    exc.message, RETRY_UNRESPONSIVE)
+        log.warning("job %d: %s; the supervisor holds its lock, so it is alive: keeping "
+                    "its allocation and asking again in %gs", job.id, exc.message,
+                    RETRY_UNRESPONSIVE)
         self.reattaching.discard(job.id)
 
         def retry() -> None:

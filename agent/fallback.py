@@ -152,6 +152,10 @@ def check_identity(rd: RunDir, hello: Any, peer_pid: int) -> str | None:
         return None  # a supervisor between lock and manifest: the lock is the proof
     except records.RecordError as exc:
         return f"its manifest is unusable: {exc}"
-    if ProcId.from_dict(manifest["supervisor"]) != ident:
+    try:
+        recorded = ProcId.from_dict(manifest["supervisor"])
+    except ValueError as exc:
+        return f"its manifest is unusable: {exc}"
+    if recorded != ident:
         return "its identity differs from the manifest's"
     return None

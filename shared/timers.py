@@ -1,4 +1,4 @@
-"""A heap of one-shot timers for a single-threaded poll loop. Pure: the caller passes the time."""
+"""Time for the poll loops: a heap of one-shot timers (the caller passes the time) and RFC 3339."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import heapq
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
 
 @dataclass(order=True)
@@ -47,6 +48,4 @@ class Timers:
 
 def rfc3339_now() -> str:
     """The wall-clock time as RFC 3339 in UTC with milliseconds, e.g. 2026-11-30T05:01:02.345Z."""
-    from datetime import UTC, datetime
-
     return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")

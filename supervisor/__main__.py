@@ -19,7 +19,7 @@ import supervisor.handlers
 import supervisor.launch
 import supervisor.step  # noqa: F401  (eager import, see above)
 from shared import records
-from shared.paths import RunDir
+from shared.paths import PathTooLong, RunDir, check_ipc_path
 from supervisor.service import Supervisor
 
 
@@ -52,6 +52,11 @@ def main(argv: list[str] | None = None) -> int:
         spec = records.read_spec(rd.spec)
     except (OSError, records.RecordError) as exc:
         log.error("cannot read the job spec: %s", exc)
+        return 2
+    try:
+        check_ipc_path(rd.sock)
+    except PathTooLong as exc:
+        log.error("%s", exc)
         return 2
     setproctitle.setproctitle(f"tether-supervisor job={rd.job} attempt={rd.attempt}")
     prctl.set_child_subreaper(1)

@@ -155,3 +155,20 @@ def test_supervisor_outlives_the_agent_process_group(node: Node) -> None:
     node.start()
     node.ok("cancel", str(job))
     assert node.wait_end(job)["state"] == "cancelled"
+
+
+def test_result_recorded_but_not_acknowledged_is_acked_at_restart(node: Node) -> None:
+    """Agent dies after recording the result (C2) and before the ack (C3)."""
+    node.start(env={"TETHER_AGENT_FAULT": "skip-ack"})
+    job = node.submit("sh", "-c", "exit 5")
+    j = node.wait_end(job)
+    assert (j["state"], j["exit_code"]) == ("failed", 5)
+    rd = node.layout.run_dir(job, 1)
+    assert os.path.isdir(rd.path), "the supervisor should still wait for its ack"
+    assert node.supervisor_pids(), "the supervisor should still wait for its ack"
+    node.stop(signal.SIGKILL)
+    node.start()
+    poll_until(lambda: not node.supervisor_pids(), 20, "the acknowledged supervisor to exit")
+    poll_until(lambda: not os.path.exists(rd.path), 20, "the run dir to be removed")
+    j = node.job(job)
+    assert (j["state"], j["exit_code"]) == ("failed", 5), "the result was recorded twice"
