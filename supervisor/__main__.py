@@ -58,7 +58,9 @@ def main(argv: list[str] | None = None) -> int:
     except PathTooLong as exc:
         log.error("%s", exc)
         return 2
-    setproctitle.setproctitle(f"tether-supervisor job={rd.job} attempt={rd.attempt}")
+    # The run dir in the title tells operators (and tests) which agent's spool it belongs to.
+    setproctitle.setproctitle(
+        f"tether-supervisor job={rd.job} attempt={rd.attempt} dir={rd.path}")
     prctl.set_child_subreaper(1)
     return Supervisor(rd, spec, args.lock_fd).run()
 

@@ -146,11 +146,12 @@ class Node:
                 continue
             try:
                 with open(f"/proc/{st.pid}/cmdline", "rb") as f:
-                    argv = f.read().split(b"\0")
+                    cmdline = f.read()
             except OSError:
                 continue
-            if b"supervisor" in argv and any(a.startswith(self.state.encode() + b"/run/")
-                                             for a in argv):
+            # the title: "tether-supervisor job=J attempt=A dir=<state>/run/J.A"
+            if (cmdline.startswith(b"tether-supervisor ")
+                    and b" dir=" + self.state.encode() + b"/run/" in cmdline):
                 found.append(st.pid)
         return found
 
