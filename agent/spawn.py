@@ -45,7 +45,8 @@ def spawn_supervisor(layout: Layout, rd: RunDir, spec: dict[str, Any]) -> int:
         log_fd = os.open(layout.supervisor_log,
                          os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW,
                          0o600)
-        env = {k: v for k, v in os.environ.items() if k.startswith(("PYTHON", "LANG", "LC_"))}
+        env = {k: v for k, v in os.environ.items()
+               if k.startswith(("PYTHON", "LANG", "LC_", "TETHER_"))}
         env["PATH"] = os.environ.get("PATH", "/usr/bin:/bin")
         argv = [sys.executable, "-m", "supervisor", "--run-dir", rd.path,
                 "--lock-fd", str(lock_fd)]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import time
 
 from shared.procid import ProcId
@@ -17,12 +18,12 @@ def _wait_file(node: Node, name: str) -> None:
     poll_until(lambda: os.path.exists(path), 30, f"{name} to appear\n{node.logs()}")
 
 
-def _one_line_error(res: object) -> str:
-    stderr = res.stderr.rstrip("\n")  # type: ignore[attr-defined]
+def _one_line_error(res: subprocess.CompletedProcess[str]) -> str:
+    stderr = res.stderr.rstrip("\n")
     assert stderr, "expected an error message on stderr"
     assert "\n" not in stderr, f"stderr is more than one line: {stderr!r}"
     assert "Traceback" not in stderr
-    return str(stderr)
+    return stderr
 
 
 def test_cancel_kills_a_task_that_ignores_sigterm_after_the_grace(node: Node) -> None:

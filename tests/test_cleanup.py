@@ -12,7 +12,6 @@ import pytest
 from shared.procid import ProcId, proc_stat
 from tests.helpers import Node, poll_until
 
-
 #: The task exits (0) only once the test has seen its leftover alive and created ``go``.
 HOLD = "while [ ! -e go ]; do sleep 0.05; done; exit 0"
 
