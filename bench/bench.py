@@ -414,13 +414,17 @@ def bench_latency(agent: Agent, samples: int, warmup: int, visible_samples: int,
     for _ in range(warmup):
         one()
     ack, running, completed, run_to_done = [], [], [], []
+    measured: list[int] = []
     for _ in range(samples):
         a, r, c, j = one()
+        measured.append(j["id"])
         ack.append(a)
         running.append(r)
         completed.append(c)
         run_to_done.append((rfc3339_epoch(j["ended_at"]) - rfc3339_epoch(j["started_at"]))
                            * 1000)
+
+    breakdown = phase_breakdown(agent, measured)
 
     log(f"latency: {visible_samples} `true` jobs polling `show` every 5 ms")
     visible: list[float] = []
@@ -478,8 +482,40 @@ def bench_latency(agent: Agent, samples: int, warmup: int, visible_samples: int,
         "cli_submit_wait_true_ms": summary(cli_ms),
         "cli_interpreter": interp,
         "python_import_cli_ms": summary(imp_ms),
+        "phases": breakdown,
         "running_definition": "started_at (supervisor clock, ms resolution) - wall time "
                               "before submit",
+    }
+
+
+LOG_TS = r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) "
+
+
+def _ts(text: str) -> float:
+    return datetime.strptime(text, "%Y-%m-%d %H:%M:%S,%f").timestamp()
+
+
+def phase_breakdown(agent: Agent, ids: list[int]) -> dict[str, Any]:
+    """Where submit -> running goes, from the agent's and the supervisors' own log lines
+    (same clock and time zone): spawn returned -> supervisor ready -> tasks launched."""
+    spawned: dict[int, float] = {}
+    ready: dict[int, float] = {}
+    launched: dict[int, float] = {}
+    with open(agent.logs[-1], errors="replace") as f:
+        for m in re.finditer(LOG_TS + r"agent\[\d+\] INFO job (\d+) attempt 1: supervisor "
+                             r"spawned", f.read(), re.M):
+            spawned[int(m.group(2))] = _ts(m.group(1))
+    with open(agent.layout.supervisor_log, errors="replace") as f:
+        text = f.read()
+    for m in re.finditer(LOG_TS + r"supervisor\[\d+\] job=(\d+)\.1 INFO (ready on|launched)",
+                         text, re.M):
+        (ready if m.group(3) == "ready on" else launched)[int(m.group(2))] = _ts(m.group(1))
+    to_ready = [(ready[j] - spawned[j]) * 1000 for j in ids if j in ready and j in spawned]
+    to_claim = [(launched[j] - ready[j]) * 1000 for j in ids if j in ready and j in launched]
+    return {
+        "spawn_to_ready_ms": summary(to_ready, 0),
+        "ready_to_launched_ms": summary(to_claim, 0),
+        "ready_to_launched_over_50ms": sum(x > 50 for x in to_claim),
     }
 
 
@@ -525,7 +561,12 @@ def bench_restart(agent: Agent, njobs: int, restarts: int) -> dict[str, Any]:
     log(f"restart: empty agent served after {empty_s * 1000:.0f} ms; submitting {njobs} "
         "`sleep 120` jobs")
     t_sub = time.perf_counter()
-    ids = [agent.submit(["sleep", "120"]) for _ in range(njobs)]
+    ids: list[int] = []
+    rtt: list[float] = []
+    for _ in range(njobs):
+        t1 = time.perf_counter()
+        ids.append(agent.submit(["sleep", "120"]))
+        rtt.append((time.perf_counter() - t1) * 1000)
     submit_all_s = time.perf_counter() - t_sub
 
     def all_running() -> dict[int, dict[str, Any]] | None:
@@ -581,6 +622,7 @@ def bench_restart(agent: Agent, njobs: int, restarts: int) -> dict[str, Any]:
         "empty_agent_popen_to_status_ms": round(empty_s * 1000, 1),
         "empty_agent_log_serving_ms": empty_log,
         "submit_all_s": round(submit_all_s, 3),
+        "submit_reply_ms_during_burst": summary(rtt),
         "first_submit_to_all_running_s": round(all_running_s, 2),
         "rounds": rounds,
         "median_popen_to_status_ms": round(statistics.median(
@@ -589,7 +631,7 @@ def bench_restart(agent: Agent, njobs: int, restarts: int) -> dict[str, Any]:
             r["agent_log_serving_ms"] or 0 for r in rounds),
         "all_jobs_survived": all(not r["problems"] for r in rounds),
         "supervisors_with_50_running": {
-            k: statistics.median(m[k] for m in sup_mem)
+            k: round(statistics.median(m[k] for m in sup_mem))
             for k in ("VmRSS", "Pss", "Threads", "fds") if sup_mem and k in sup_mem[0]
         },
     }
@@ -622,7 +664,8 @@ def bench_footprint(agent: Agent, count: int, idle: float) -> dict[str, Any]:
             "Threads", "fds")
     return {
         "supervisors": per,
-        "median": {k: statistics.median(m[k] for m in per) for k in keys if k in per[0]},
+        "median": {k: round(statistics.median(m[k] for m in per)) for k in keys
+                   if k in per[0]},
         "idle_before_reading_s": idle,
     }
 
@@ -649,6 +692,7 @@ def report(r: dict[str, Any]) -> str:
     ]
     lat = r.get("latency")
     if lat:
+        ph = lat["phases"]
         out += [
             "",
             f"1. latency of `true` (in-process client; {lat['warmup_jobs']} warm-up jobs "
@@ -656,6 +700,11 @@ def report(r: dict[str, Any]) -> str:
             f"   submit request round trip   {fmt(lat['submit_reply_ms'])}",
             f"   submit -> running           {fmt(lat['submit_to_running_ms'])}",
             f"        ({lat['running_definition']})",
+            f"        of which: agent spawn returned -> supervisor ready "
+            f"{fmt(ph['spawn_to_ready_ms'])}",
+            f"                  supervisor ready -> task launched (claim arrives) "
+            f"{fmt(ph['ready_to_launched_ms'])}; over 50 ms in "
+            f"{ph['ready_to_launched_over_50ms']}/{ph['ready_to_launched_ms'].get('n', 0)}",
             f"   submit -> completed         {fmt(lat['submit_to_completed_ms'])}",
             f"   started_at -> ended_at      {fmt(lat['started_to_ended_ms'])}",
             f"   submit -> visible in `show` {fmt(lat['submit_to_visible_running_ms'])}",
@@ -675,8 +724,9 @@ def report(r: dict[str, Any]) -> str:
             "previous agent SIGKILLed)",
             f"   empty agent (no jobs): Popen -> status {rs['empty_agent_popen_to_status_ms']}"
             f" ms, agent log {rs['empty_agent_log_serving_ms']} ms",
-            f"   {rs['jobs']} submits took {rs['submit_all_s']} s; all running "
-            f"{rs['first_submit_to_all_running_s']} s after the first submit",
+            f"   {rs['jobs']} submits took {rs['submit_all_s']} s (each reply: "
+            f"{fmt(rs['submit_reply_ms_during_burst'])});",
+            f"   all running {rs['first_submit_to_all_running_s']} s after the first submit",
         ]
         for i, rd in enumerate(rs["rounds"], 1):
             out.append(f"   restart {i}: Popen -> status answers {rd['popen_to_status_ms']} ms;"
@@ -782,6 +832,8 @@ def main(argv: list[str] | None = None) -> int:
             if ag.logs:
                 log(f"agent log {ag.logs[-1]}:\n{ag.tail()}")
     finally:
+        # a second signal must not cut the cleanup short
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGHUP, signal.SIGINT})
         killed = cleaner.run()
         left = [pid for pid in descendants_of_me() if alive(pid)]
         result["cleanup"] = (f"killed {len(killed)} leftover process(es) "

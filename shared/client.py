@@ -44,8 +44,11 @@ def probe_unix(path: str, timeout: float = 1.0) -> str | None:
 
 def configure(sock: zmq.Socket[Any]) -> None:
     sock.setsockopt(zmq.LINGER, 0)
-    sock.setsockopt(zmq.RECONNECT_IVL, 20)
-    sock.setsockopt(zmq.RECONNECT_IVL_MAX, 500)
+    # The agent connects before a new supervisor has bound its socket (its start-up takes
+    # ~150 ms); libzmq's doubling back-off would then add up to the last interval again. A flat
+    # 10 ms retry costs nothing while the peer is absent and delivers within 10 ms of the bind.
+    sock.setsockopt(zmq.RECONNECT_IVL, 10)
+    sock.setsockopt(zmq.RECONNECT_IVL_MAX, 0)
     sock.setsockopt(zmq.MAXMSGSIZE, protocol.MAX_FRAME)
 
 

@@ -1,31 +1,52 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
 from tests.helpers import Node
 
 
-@pytest.fixture
-def node() -> Iterator[Node]:
-    n = Node()
-    try:
-        yield n
-    finally:
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    report = yield
+    if report.when == "call":
+        item.stash.setdefault(_FAILED, False)
+        if report.failed:
+            item.stash[_FAILED] = True
+    return report
+
+
+_FAILED = pytest.StashKey[bool]()
+
+
+def _finish(request: pytest.FixtureRequest, nodes: list[Node]) -> None:
+    failed = request.node.stash.get(_FAILED, False)
+    for n in nodes:
+        if failed:  # the agent's and supervisors' own account, for whoever reads the failure
+            print(n.logs())
         n.cleanup()
 
 
 @pytest.fixture
-def make_node() -> Iterator[type[Node]]:
+def node(request: pytest.FixtureRequest) -> Iterator[Node]:
+    n = Node()
+    try:
+        yield n
+    finally:
+        _finish(request, [n])
+
+
+@pytest.fixture
+def make_node(request: pytest.FixtureRequest) -> Iterator[Any]:
     made: list[Node] = []
 
-    def factory(**kw: object) -> Node:
-        n = Node(**kw)  # type: ignore[arg-type]
+    def factory(**kw: Any) -> Node:
+        n = Node(**kw)
         made.append(n)
         return n
     try:
-        yield factory  # type: ignore[misc]
+        yield factory
     finally:
-        for n in made:
-            n.cleanup()
+        _finish(request, made)
