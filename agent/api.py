@@ -25,6 +25,10 @@ if TYPE_CHECKING:
 PENDING = object()
 Handler = Callable[["Agent", Peer, protocol.Request], Any]
 MAX_HOLD = 600.0
+#: Tasks per step. Bounds the exit record and the replies that carry it well under MAX_FRAME.
+MAX_TASKS = 1024
+#: Jobs per ``list`` reply; the CLI pages through the rest.
+LIST_PAGE = 500
 
 
 def hello(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
@@ -67,7 +71,7 @@ def submit(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
     cpus = arg_int(args, "cpus", default=1, minimum=1, maximum=1 << 20)
     gpus = arg_int(args, "gpus", default=0, minimum=0, maximum=1 << 16)
     memory = arg_int(args, "memory_mb", default=0, minimum=0, maximum=1 << 40)
-    ntasks = arg_int(args, "ntasks", default=1, minimum=1, maximum=1 << 16)
+    ntasks = arg_int(args, "ntasks", default=1, minimum=1, maximum=MAX_TASKS)
     workdir = arg_str(args, "workdir")
     assert workdir is not None
     if not os.path.isabs(workdir):
@@ -90,21 +94,32 @@ def submit(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
     if why:
         per = f" ({ntasks} tasks x {cpus} CPUs)" if ntasks > 1 else ""
         raise ResourceError(f"job can never run on node {agent.cfg.node}: it {why}{per}")
-    job = agent.db.insert(
-        name=name, command=command, state="pending", cpus_per_task=cpus, ntasks=ntasks,
-        gpus_req=gpus, memory_mb=memory, output="", error="", workdir=workdir, env=env,
-        submitted_at=rfc3339_now(),
-    )
-    out = (output or os.path.join(workdir, "tether-%j.out")).replace("%j", str(job.id))
-    err = (error or out).replace("%j", str(job.id))
-    job = agent.db.update(job.id, output=out, error=err)
+    # One transaction: the output paths name the job id, which only the insert gives us, and a
+    # crash between the two statements must not leave a job with no output path.
+    agent.db.begin()
+    try:
+        job = agent.db.insert(
+            name=name, command=command, state="pending", cpus_per_task=cpus, ntasks=ntasks,
+            gpus_req=gpus, memory_mb=memory, output="", error="", workdir=workdir, env=env,
+            submitted_at=rfc3339_now(),
+        )
+        out = (output or os.path.join(workdir, "tether-%j.out")).replace("%j", str(job.id))
+        err = (error or out).replace("%j", str(job.id))
+        job = agent.db.update(job.id, output=out, error=err)
+        agent.db.commit()
+    except BaseException:
+        agent.db.rollback()
+        raise
     agent.schedule_due = True
     return job.public()
 
 
 def list_jobs(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
-    check_known(req.args, req.kind, ())
-    return [j.public() for j in agent.db.all()]
+    check_known(req.args, req.kind, ("after", "limit"))
+    after = arg_int(req.args, "after", default=0, minimum=0)
+    limit = arg_int(req.args, "limit", default=LIST_PAGE, minimum=1, maximum=LIST_PAGE)
+    jobs = agent.db.page(after, limit + 1)
+    return {"jobs": [j.public() for j in jobs[:limit]], "more": len(jobs) > limit}
 
 
 def show(agent: Agent, peer: Peer, req: protocol.Request) -> Any:

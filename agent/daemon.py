@@ -90,7 +90,12 @@ class Agent:
         self.router: zmq.Socket[Any] | None = None
         self.stopping = False
         self.reattaching: set[int] = set()
+        #: jobs whose allocation is in the ledger right now (released exactly once)
+        self.holding: set[int] = set()
+        #: every open link, including ad-hoc ones (orphan acks) that serve no active job
+        self.all_links: set[Link] = set()
         self.schedule_due = False
+        self.pidfd_owners: dict[int, Link] = {}
         self.lock_fd = -1
         self.store: Store | None = None
 
@@ -146,7 +151,7 @@ class Agent:
 
     def shutdown(self) -> None:
         """Stop serving. Every supervisor and every job keeps running."""
-        for link in list(self.links.values()):
+        for link in list(self.all_links):
             link.close()
         if self.router is not None:
             self.router.close(linger=0)
@@ -161,6 +166,9 @@ class Agent:
 
     def step(self, wake_r: socket.socket, cap_ms: int | None = None) -> None:
         events = self.poller.poll(self.timers.timeout_ms(time.monotonic(), cap_ms))
+        # An event handled earlier in this batch may close a pidfd and a later one reopen the
+        # same number for another supervisor: resolve fds against the owners at poll time.
+        self.pidfd_owners = dict(self.by_pidfd)
         for item, _ in events:
             try:
                 self.dispatch_event(item, wake_r)
@@ -180,8 +188,8 @@ class Agent:
         elif item is self.router:
             self.serve()
         elif isinstance(item, int):
-            pid_link = self.by_pidfd.get(item)
-            if pid_link is not None:
+            pid_link = self.pidfd_owners.get(item)
+            if pid_link is not None and not pid_link.closed and pid_link.pidfd == item:
                 self.on_supervisor_exit(pid_link)
         else:
             sock_link = self.by_sock.get(item)
@@ -248,6 +256,7 @@ class Agent:
                                                  job.memory_mb))
             if alloc is None:
                 return
+            self.holding.add(job.id)
             attempt = job.attempt + 1
             job = self.db.update(job.id, state="starting", attempt=attempt, cpus=list(alloc.cpus),
                                  gpus=list(alloc.gpus), pids=[], supervisor_pid=None,
@@ -271,6 +280,9 @@ class Agent:
             pid = spawn_supervisor(self.layout, rd, spec)
         except (SpawnError, OSError) as exc:
             log.error("job %d: %s", job.id, exc)
+            if os.path.isdir(rd.path) and not fallback.lock_is_free(rd):
+                self.connect(job, rd, fresh=True)  # it did start after all: follow it
+                return
             shutil.rmtree(rd.path, ignore_errors=True)
             self.finalize(job, state="failed", exit_code=None, sig=None,
                           reason=f"could not start its supervisor: {exc}")
@@ -281,9 +293,11 @@ class Agent:
 
     # ---- following a supervisor ------------------------------------------------------------
 
-    def connect(self, job: Job, rd: RunDir, *, fresh: bool) -> Link:
-        link = Link(self.ctx, self.timers, job.id, job.attempt, rd.sock)
-        self.links[job.id] = link
+    def open_link(self, job: int, attempt: int, path: str, *, track: bool) -> Link:
+        link = Link(self.ctx, self.timers, job, attempt, path)
+        if track:
+            self.links[job] = link
+        self.all_links.add(link)
         self.by_sock[link.sock] = link
         self.poller.register(link.sock, zmq.POLLIN)
 
@@ -293,12 +307,17 @@ class Agent:
             self.by_sock[new] = link
             self.poller.register(new, zmq.POLLIN)
         link.on_reopen = reopened
+        return link
+
+    def connect(self, job: Job, rd: RunDir, *, fresh: bool) -> Link:
+        link = self.open_link(job.id, job.attempt, rd.sock, track=True)
         self.hello(link, rd, timeout=CLAIM_TIMEOUT if fresh else HELLO_TIMEOUT)
         return link
 
     def drop_link(self, link: Link) -> None:
         if self.links.get(link.job) is link:
             del self.links[link.job]
+        self.all_links.discard(link)
         self.by_sock.pop(link.sock, None)
         with contextlib.suppress(KeyError):
             self.poller.unregister(link.sock)
@@ -435,6 +454,8 @@ class Agent:
         self.timers.at(time.monotonic() + RETRY_UNRESPONSIVE, retry)
 
     def on_supervisor_exit(self, link: Link) -> None:
+        if link.ident is not None and link.ident.alive():
+            return  # not its exit (defensive: pidfds only become readable when it ends)
         link.readable()  # its last reply and its exit may arrive in the same poll
         job = self.current(link)
         pidfd = link.pidfd
@@ -467,13 +488,17 @@ class Agent:
         if started_at and not job.started_at:
             fields["started_at"] = started_at
         job = self.db.update(job.id, **fields)
-        if job.cpus or job.gpus or job.memory_mb:
-            self.ledger.release(job.allocation)
+        self.release(job)
         log.info("job %d attempt %d %s: exit_code=%s signal=%s%s", job.id, job.attempt, state,
                  exit_code, sig, f" ({reason})" if reason else "")
         self.reattaching.discard(job.id)
         self.job_ended(job)
         self.schedule_due = True
+
+    def release(self, job: Job) -> None:
+        if job.id in self.holding:
+            self.holding.discard(job.id)
+            self.ledger.release(job.allocation)
 
     def requeue_or_cancel(self, job: Job, why: str) -> None:
         """The attempt never ran: back to the queue, unless it was cancelled meanwhile."""
@@ -485,7 +510,7 @@ class Agent:
             self.finalize(job, state="failed", exit_code=None, sig=None,
                           reason=f"never started in {job.attempt} attempts; last: {why}")
             return
-        self.ledger.release(job.allocation)
+        self.release(job)
         self.db.update(job.id, state="pending", cpus=[], gpus=[], pids=[],
                        supervisor_pid=None, supervisor_ticks=None)
         log.warning("job %d attempt %d never ran (%s): back to the queue", job.id, job.attempt,
@@ -496,7 +521,19 @@ class Agent:
     def gone(self, job: Job, note: str | None = None) -> None:
         """The supervisor is gone: what is on disk decides (see fallback.py)."""
         rd = self.layout.run_dir(job.id, job.attempt)
+        if not fallback.lock_is_free(rd):
+            # Someone still holds the run dir's lock: the supervisor is alive, whatever answered
+            # (or failed to) on its socket. Never resolve a live step from its files.
+            log.error("job %d: its supervisor still holds %s%s; keeping the job and asking "
+                      "again in %gs", job.id, rd.lock, f" ({note})" if note else "",
+                      RETRY_UNRESPONSIVE)
+            self.timers.at(time.monotonic() + RETRY_UNRESPONSIVE, lambda: self.refollow(job.id))
+            return
         verdict = fallback.resolve(rd, job)
+        if verdict.kind == "never-ran" and job.state == "running":
+            # The claim was confirmed, so tasks did start: requeueing would run the job twice.
+            verdict = fallback.Verdict("lost", f"{verdict.reason}, but it was recorded as "
+                                               "running; it is not run again")
         if verdict.kind == "result":
             assert verdict.record is not None
             self.collect(job, verdict.record)
@@ -511,6 +548,17 @@ class Agent:
                 self.finalize(job, state="lost", exit_code=None, sig=None, reason=reason)
         shutil.rmtree(rd.path, ignore_errors=True)
 
+    def refollow(self, job_id: int) -> None:
+        """Connect to a job's supervisor again (after trouble), unless something else has."""
+        job = self.db.get(job_id)
+        if job is None or job.final or job.state not in ACTIVE or job_id in self.links:
+            return
+        rd = self.layout.run_dir(job.id, job.attempt)
+        if fallback.lock_is_free(rd):
+            self.gone(job)
+        else:
+            self.connect(job, rd, fresh=False)
+
     # ---- reattach --------------------------------------------------------------------------
 
     def reattach(self) -> None:
@@ -518,28 +566,40 @@ class Agent:
         active = self.db.in_states(*ACTIVE)
         for job in active:
             try:
-                self.ledger.restore(job.allocation)
-            except Conflict as exc:
-                log.error("job %d: its allocation conflicts with another job's (%s); NOT "
-                          "adopting it", job.id, exc)
-                self.db.update(job.id, reason=f"not adopted: allocation conflict: {exc}")
-                continue
-            rd = self.layout.run_dir(job.id, job.attempt)
-            if not os.path.isdir(rd.path):
-                self.requeue_or_cancel(job, "no run directory: the agent stopped before the "
-                                            "spawn")
-                continue
-            if fallback.lock_is_free(rd):
-                self.gone(job)
-                continue
-            self.reattaching.add(job.id)
-            self.connect(job, rd, fresh=False)
+                self.reattach_one(job)
+            except Exception:  # one bad job must not keep the node from starting
+                log.exception("job %d: reattach failed", job.id)
         wanted = {(j.id, j.attempt) for j in active}
         for rd in self.layout.run_dirs():
             if (rd.job, rd.attempt) in wanted:
                 continue
             self.orphan(rd)
         log.info("reattach: %d active job(s), %d to probe", len(active), len(self.reattaching))
+
+    def reattach_one(self, job: Job) -> None:
+        try:
+            self.ledger.restore(job.allocation)
+        except Conflict as exc:
+            log.error("job %d: its allocation conflicts with this node's (%s); NOT adopting "
+                      "it: marked lost, its supervisor (pid %s) is left alone", job.id, exc,
+                      job.supervisor_pid)
+            self.finalize(job, state="lost", exit_code=None, sig=None,
+                          reason=f"not adopted after an agent restart: allocation conflict: {exc}")
+            return
+        self.holding.add(job.id)
+        rd = self.layout.run_dir(job.id, job.attempt)
+        if not os.path.isdir(rd.path):
+            if job.state == "running":
+                self.finalize(job, state="lost", exit_code=None, sig=None,
+                              reason=f"its run directory {rd.path} disappeared while it ran")
+            else:
+                self.requeue_or_cancel(job, "no run directory: it was never spawned")
+            return
+        if fallback.lock_is_free(rd):
+            self.gone(job)
+            return
+        self.reattaching.add(job.id)
+        self.connect(job, rd, fresh=False)
 
     def orphan(self, rd: RunDir) -> None:
         """A run directory of no active attempt: an unacknowledged result, or a leftover."""
@@ -551,15 +611,16 @@ class Agent:
             return
         if job is not None and job.final and job.attempt == rd.attempt:
             # C2 happened, C3 (ack) did not: acknowledge now.
-            link = Link(self.ctx, self.timers, rd.job, rd.attempt, rd.sock)
-            self.by_sock[link.sock] = link
-            self.poller.register(link.sock, zmq.POLLIN)
+            link = self.open_link(rd.job, rd.attempt, rd.sock, track=False)
 
-            def done(_: Any) -> None:
-                self.by_sock.pop(link.sock, None)
-                self.poller.unregister(link.sock)
-                link.close()
-            link.request("ack", link.target, HELLO_TIMEOUT, done, done)
+            def acked(_: Any) -> None:
+                self.drop_link(link)
+
+            def failed(exc: TetherError) -> None:
+                self.drop_link(link)
+                log.warning("job %d: acknowledging its finished supervisor failed (%s); the "
+                            "next agent start tries again", rd.job, exc.message)
+            link.request("ack", link.target, HELLO_TIMEOUT, acked, failed)
             return
         log.error("a live supervisor in %s serves no attempt this agent knows about; leaving "
                   "it alone", rd.path)

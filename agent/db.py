@@ -122,6 +122,16 @@ class Store:
     def close(self) -> None:
         self.conn.close()
 
+    def begin(self) -> None:
+        self.conn.execute("BEGIN IMMEDIATE")
+
+    def commit(self) -> None:
+        self.conn.execute("COMMIT")
+
+    def rollback(self) -> None:
+        if self.conn.in_transaction:
+            self.conn.execute("ROLLBACK")
+
     def insert(self, **fields: Any) -> Job:
         for col in _JSON_COLS:
             if col in fields:
@@ -154,6 +164,11 @@ class Store:
 
     def all(self) -> list[Job]:
         return [_row(r) for r in self.conn.execute("SELECT * FROM jobs ORDER BY id")]
+
+    def page(self, after: int, limit: int) -> list[Job]:
+        rows = self.conn.execute("SELECT * FROM jobs WHERE id > ? ORDER BY id LIMIT ?",
+                                 (after, limit))
+        return [_row(r) for r in rows]
 
     def in_states(self, *states: str) -> list[Job]:
         marks = ", ".join("?" for _ in states)

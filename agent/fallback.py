@@ -5,8 +5,9 @@ lock the instant it dies, even on SIGKILL), so a lock we can take means no super
 
   exit.json valid, launched         -> the true result (it was fsync'd before anyone was told)
   exit.json valid, not launched     -> never ran: back to the queue
-  manifest says ``running``, no exit.json -> ``lost``: the supervisor died with tasks running;
-                                       every task process still matching its identity is killed
+  manifest ``launching`` or ``running``, no exit.json -> ``lost``: the supervisor died with
+                                       tasks (possibly) running; every process of the step
+                                       still matching its identity is killed
   manifest ``ready`` or no manifest -> never ran: back to the queue
 
 A file that cannot be trusted (not a regular file, a symlink, oversized, bad JSON, wrong job)
@@ -129,6 +130,8 @@ def kill_step(manifest: dict[str, Any]) -> int:
             log.warning("killed leftover process %d of a lost step", pid)
         except ProcessLookupError:
             pass
+        except OSError as exc:  # e.g. a setuid task while the agent is not root
+            log.error("cannot kill leftover process %d of a lost step: %s", pid, exc)
     return len(victims)
 
 

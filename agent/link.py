@@ -125,6 +125,16 @@ class Link:
             except BadRequest as exc:
                 log.warning("job %d: undecodable reply from its supervisor: %s", self.job, exc)
                 continue
+            if reply.id is None and not reply.ok:
+                # The peer could not read some frame of ours: we cannot tell which, so every
+                # request in flight gets the error (the protocol's rule for id-less errors).
+                log.warning("job %d: supervisor could not decode a request: %s", self.job,
+                            reply.message)
+                for rid in list(self.pending):
+                    stale = self.pending.pop(rid)
+                    stale.timer.cancel()
+                    stale.on_err(RemoteError(reply.code, reply.message))
+                continue
             pend = self.pending.pop(reply.id, None) if isinstance(reply.id, int) else None
             if pend is None:
                 log.debug("job %d: reply to unknown request %r dropped", self.job, reply.id)

@@ -57,7 +57,12 @@ def spawn_supervisor(layout: Layout, rd: RunDir, spec: dict[str, Any]) -> int:
                 pass_fds=(lock_fd,), start_new_session=True, cwd="/", env=env,
             )
             out, _ = proc.communicate(timeout=SPAWN_TIMEOUT)
-        except (OSError, subprocess.TimeoutExpired) as exc:
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            raise SpawnError(f"the shell starting the supervisor for {rd.path} did not finish "
+                             f"within {SPAWN_TIMEOUT:g}s") from None
+        except OSError as exc:
             raise SpawnError(f"cannot start the supervisor for {rd.path}: {exc}") from None
         try:
             return int(out.strip())

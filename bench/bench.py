@@ -523,7 +523,8 @@ def phase_breakdown(agent: Agent, ids: list[int]) -> dict[str, Any]:
 
 
 def snapshot(agent: Agent, ids: list[int]) -> dict[int, dict[str, Any]]:
-    jobs = {j["id"]: j for j in agent.call("list", timeout=20) if j["id"] in ids}
+    jobs = {j["id"]: j for j in agent.call("list", {"limit": 500}, timeout=20)["jobs"]
+            if j["id"] in ids}
     return jobs
 
 

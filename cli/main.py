@@ -257,7 +257,12 @@ def wait_for(layout: Layout, job: int, timeout: float | None, as_json: bool = Fa
 
 
 def cmd_list(layout: Layout, ns: argparse.Namespace) -> int:
-    jobs = agent_call(layout, "list")
+    jobs: list[dict[str, Any]] = []
+    while True:  # the agent answers in pages, so no reply outgrows a frame
+        page = agent_call(layout, "list", {"after": jobs[-1]["id"] if jobs else 0})
+        jobs.extend(page["jobs"])
+        if not page["more"]:
+            break
     if ns.json:
         print(json.dumps(jobs))
         return 0

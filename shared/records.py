@@ -134,7 +134,7 @@ def read_manifest(path: str) -> dict[str, Any]:
     man = read_json(path)
     _need(path, man, {"job": int, "attempt": int, "phase": str, "supervisor": dict,
                       "tasks": list, "session": int})
-    if man["phase"] not in ("ready", "running"):
+    if man["phase"] not in ("ready", "launching", "running"):
         raise RecordError(f"{path}: unknown phase {man['phase']!r}")
     _int_list(path, man, "cpus")
     _int_list(path, man, "gpus")

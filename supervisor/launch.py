@@ -63,6 +63,14 @@ def _exec_reason(exc: OSError, spec: dict[str, Any]) -> str:
     return f"cannot execute {spec['command'][0]!r}: {exc.strerror}"
 
 
+def _skip_rest(step: Step, why: str) -> None:
+    """Ranks never started count as done, so the step can end."""
+    for task in step.tasks:
+        if not task.pid and not task.done:
+            task.done = True
+            task.reason = f"not started: {why}"
+
+
 class Launcher:
     """Holds the Popen objects so that subprocess never reaps them behind the reaper's back."""
 
@@ -83,6 +91,7 @@ class Launcher:
                 os.close(fd)
             step.tasks[0].record_launch_failure(str(exc))
             step.note_exit(step.tasks[0])
+            _skip_rest(step, str(exc))
             raise
         own_affinity = os.sched_getaffinity(0)
         try:
@@ -90,6 +99,7 @@ class Launcher:
                 self._start(spec, task, out, err)
                 step.note_exit(task)
                 if task.done:  # could not exec: the step fails, the others are not started
+                    _skip_rest(step, task.reason or "launch failed")
                     raise LaunchFailed(task.reason or "launch failed")
         finally:
             os.sched_setaffinity(0, own_affinity)

@@ -31,7 +31,7 @@ import zmq
 
 import shared
 from shared import protocol, records, wire
-from shared.errors import TetherError
+from shared.errors import LaunchError, TetherError
 from shared.paths import RunDir
 from shared.procid import ProcId, all_processes
 from shared.timers import Timer, Timers, rfc3339_now
@@ -73,6 +73,7 @@ class Supervisor:
     # ---- loop ------------------------------------------------------------------------------
 
     def run(self) -> int:
+        reset_signal_dispositions()
         wake_r, wake_w = socket.socketpair()
         wake_r.setblocking(False)
         wake_w.setblocking(False)
@@ -156,7 +157,14 @@ class Supervisor:
     # ---- launch ----------------------------------------------------------------------------
 
     def claim(self) -> None:
-        """Start the tasks (phase ready -> running). Called once, by the first valid claim."""
+        """Start the tasks (phase ready -> running). Called once, by the first valid claim.
+
+        The manifest says ``launching`` durably *before* the first fork: if this process dies
+        while forking, the agent must find "tasks may be running" (lost, leftovers killed), never
+        "never ran" (requeued, and run a second time beside the first).
+        """
+        if not self.write_manifest(launching=True):
+            raise LaunchError(f"cannot record the launch in {self.rd.manifest}; not starting")
         if self.claim_timer:
             self.claim_timer.cancel()
         self.step.advance(Phase.RUNNING)
@@ -168,6 +176,8 @@ class Supervisor:
             for task in self.step.tasks:
                 if task.pid and not task.done:
                     _killpg(task.pid, signal.SIGKILL)
+        if "die-after-launch" in os.environ.get("TETHER_SUPERVISOR_FAULT", ""):
+            os.kill(os.getpid(), signal.SIGKILL)  # test-only: the crash window before "running"
         self.write_manifest()
         log.info("launched %d task(s): pids %s", self.step.ntasks,
                  [t.pid for t in self.step.tasks])
@@ -240,8 +250,8 @@ class Supervisor:
                     try:
                         os.kill(st.pid, signal.SIGKILL)
                         log.info("killed leftover process %d", st.pid)
-                    except ProcessLookupError:
-                        pass
+                    except OSError as exc:  # gone meanwhile, or setuid: counted, logged
+                        log.warning("cannot kill leftover process %d: %s", st.pid, exc)
         return left
 
     def finish(self) -> None:
@@ -312,9 +322,12 @@ class Supervisor:
         except OSError as exc:  # still served from memory to the agent
             log.error("cannot write the exit record %s: %s", self.rd.sentinel, exc)
 
-    def write_manifest(self) -> None:
+    def write_manifest(self, *, launching: bool = False) -> bool:
         assert self.ident is not None
-        phase = "ready" if self.step.phase is Phase.READY else "running"
+        if launching:
+            phase = "launching"
+        else:
+            phase = "ready" if self.step.phase is Phase.READY else "running"
         man = {
             "schema": records.SCHEMA, "job": self.rd.job, "attempt": self.rd.attempt,
             "phase": phase, "protocol": protocol.PROTOCOL_VERSION, "version": shared.__version__,
@@ -330,6 +343,8 @@ class Supervisor:
             records.atomic_write_json(self.rd.manifest, man)
         except OSError as exc:
             log.error("cannot write the manifest %s: %s", self.rd.manifest, exc)
+            return False
+        return True
 
     def release_waiters(self) -> None:
         for peer, rid, timer in self.waiters:
@@ -346,6 +361,21 @@ class Supervisor:
                     return
         timer = self.timers.at(time.monotonic() + min(hold, MAX_HOLD), expire)
         self.waiters.append((peer, rid, timer))
+
+
+def reset_signal_dispositions() -> None:
+    """Undo what the detaching shell left: a background job starts with SIGINT and SIGQUIT
+    ignored, and ignored signals survive exec, so tasks would inherit them. Python's own
+    SIGPIPE/SIGXFSZ ignores are reset for children by Popen's restore_signals."""
+    for sig in signal.valid_signals():
+        if sig in (signal.SIGKILL, signal.SIGSTOP, signal.SIGPIPE, signal.SIGXFSZ):
+            continue
+        try:
+            if signal.getsignal(sig) == signal.SIG_IGN:
+                signal.signal(sig, signal.SIG_DFL)
+        except (OSError, ValueError):
+            pass
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
 
 
 def _wake_only(signum: int, frame: object) -> None:
