@@ -343,6 +343,10 @@ class Agent:
             if job is None:
                 return
             why = fallback.check_identity(rd, res, link.peer_pid)
+            if why is None and link.peer_uid not in (-1, 0, os.getuid()):
+                why = f"it runs as uid {link.peer_uid}, not as the agent or root"
+            if why is None and res.get("protocol") not in protocol.SUPPORTED_VERSIONS:
+                why = f"it answered in protocol version {res.get('protocol')!r}"
             if why is not None:
                 log.error("job %d: refusing the process serving %s: %s", job.id, rd.sock, why)
                 self.drop_link(link)
@@ -593,7 +597,8 @@ class Agent:
                 self.finalize(job, state="lost", exit_code=None, sig=None,
                               reason=f"its run directory {rd.path} disappeared while it ran")
             else:
-                self.requeue_or_cancel(job, "no run directory: it was never spawned")
+                self.requeue_or_cancel(job, "no run directory: it was never spawned, or its "
+                                            "supervisor gave up before launching")
             return
         if fallback.lock_is_free(rd):
             self.gone(job)

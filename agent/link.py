@@ -56,8 +56,10 @@ class Link:
         self.pidfd: int | None = None
         self.ident: ProcId | None = None
         self.closed = False
-        #: the kernel's pid of the process that answered last (Peer-Address), -1 if unknown
+        #: the kernel's pid and uid of the process that answered last (Peer-Address), -1 if
+        #: unknown: taken from SO_PEERCRED, so a process cannot lie about them
         self.peer_pid = -1
+        self.peer_uid = -1
         #: called when the socket is replaced, so the poller can follow
         self.on_reopen: Callable[[zmq.Socket[Any], zmq.Socket[Any]], None] | None = None
 
@@ -117,9 +119,10 @@ class Link:
             except zmq.Again:
                 return
             try:
-                self.peer_pid = int(str(frame.get("Peer-Address")).rsplit(":", 1)[1])
-            except (zmq.ZMQError, ValueError, IndexError):
-                self.peer_pid = -1
+                _, uid, _, pid = str(frame.get("Peer-Address")).rsplit(":", 3)
+                self.peer_uid, self.peer_pid = int(uid), int(pid)
+            except (zmq.ZMQError, ValueError):
+                self.peer_uid = self.peer_pid = -1
             try:
                 reply = protocol.decode_reply(frame.bytes)
             except BadRequest as exc:
