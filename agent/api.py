@@ -29,6 +29,7 @@ MAX_HOLD = 600.0
 MAX_TASKS = 1024
 #: Jobs per ``list`` reply; the CLI pages through the rest.
 LIST_PAGE = 500
+PMI_KINDS = ("none", "pmi1", "pmi2")
 
 
 def hello(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
@@ -64,7 +65,7 @@ def _abs_path(args: Any, name: str, workdir: str) -> str | None:
 def submit(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
     args = req.args
     check_known(args, req.kind, ("command", "name", "cpus", "gpus", "memory_mb", "ntasks",
-                                 "output", "error", "workdir", "env"))
+                                 "output", "error", "workdir", "env", "pmi"))
     command = arg_str_list(args, "command")
     if not command or not command[0]:
         raise BadRequest("a job needs a command")
@@ -85,6 +86,9 @@ def submit(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
     ):
         raise BadRequest("'env' must map variable names to string values")
     name = arg_str(args, "name", optional=True, max_len=256) or os.path.basename(command[0])
+    pmi = arg_str(args, "pmi", default="none")
+    if pmi not in PMI_KINDS:
+        raise BadRequest(f"unknown PMI {pmi!r}: use one of {', '.join(PMI_KINDS)}")
     output = _abs_path(args, "output", workdir)
     error = _abs_path(args, "error", workdir)
     for label, path in (("output", output), ("error", error)):
@@ -101,7 +105,7 @@ def submit(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
         job = agent.db.insert(
             name=name, command=command, state="pending", cpus_per_task=cpus, ntasks=ntasks,
             gpus_req=gpus, memory_mb=memory, output="", error="", workdir=workdir, env=env,
-            submitted_at=rfc3339_now(),
+            submitted_at=rfc3339_now(), pmi=pmi,
         )
         out = (output or os.path.join(workdir, "tether-%j.out")).replace("%j", str(job.id))
         err = (error or out).replace("%j", str(job.id))

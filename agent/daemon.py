@@ -274,7 +274,7 @@ class Agent:
                          for r in range(job.ntasks)],
             "env": job.env, "workdir": job.workdir, "output": job.output, "error": job.error,
             "claim_timeout": self.cfg.claim_timeout, "linger": self.cfg.linger,
-            "kill_grace": self.cfg.cancel_grace, "agent_uid": os.getuid(),
+            "kill_grace": self.cfg.cancel_grace, "agent_uid": os.getuid(), "pmi": job.pmi,
         }
         try:
             pid = spawn_supervisor(self.layout, rd, spec)

@@ -44,10 +44,14 @@ CREATE TABLE IF NOT EXISTS jobs (
     submitted_at TEXT NOT NULL,
     started_at TEXT,
     ended_at TEXT,
-    cancel_requested INTEGER NOT NULL DEFAULT 0
+    cancel_requested INTEGER NOT NULL DEFAULT 0,
+    pmi TEXT NOT NULL DEFAULT 'none'
 );
 CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state, id);
 """
+
+
+_ADDED_COLUMNS = {"pmi": "TEXT NOT NULL DEFAULT 'none'"}
 
 
 @dataclass
@@ -77,6 +81,7 @@ class Job:
     started_at: str | None
     ended_at: str | None
     cancel_requested: bool
+    pmi: str = "none"
 
     @property
     def allocation(self) -> Allocation:
@@ -96,7 +101,7 @@ class Job:
             "cpus_per_task": self.cpus_per_task, "supervisor_pid": self.supervisor_pid,
             "pids": self.pids, "output": self.output, "error": self.error,
             "workdir": self.workdir, "submitted_at": self.submitted_at,
-            "started_at": self.started_at, "ended_at": self.ended_at,
+            "started_at": self.started_at, "ended_at": self.ended_at, "pmi": self.pmi,
         }
 
 
@@ -118,6 +123,14 @@ class Store:
         self.conn.execute("PRAGMA journal_mode=WAL")
         self.conn.execute("PRAGMA synchronous=FULL")
         self.conn.executescript(_SCHEMA)
+        self._migrate()
+
+    def _migrate(self) -> None:
+        """Columns added after the first release: an older database gains them in place."""
+        have = {row[1] for row in self.conn.execute("PRAGMA table_info(jobs)")}
+        for column, ddl in _ADDED_COLUMNS.items():
+            if column not in have:
+                self.conn.execute(f"ALTER TABLE jobs ADD COLUMN {column} {ddl}")
 
     def close(self) -> None:
         self.conn.close()

@@ -118,6 +118,8 @@ def build_parser() -> Parser:
     s.add_argument("--error")
     s.add_argument("--workdir")
     s.add_argument("--env", type=env_pair, action="append", default=[])
+    s.add_argument("--pmi", choices=["none", "pmi1", "pmi2"], default="none",
+                   help="serve PMI to the ranks from the step's supervisor (MPI jobs)")
     s.add_argument("--wait", action="store_true")
     s.add_argument("command", nargs=argparse.REMAINDER)
     common("list", "list jobs, newest last")
@@ -130,6 +132,7 @@ def build_parser() -> Parser:
     c.add_argument("job", type=job_id)
     i = common("inspect", "ask the job's supervisor directly (works while the agent is down)")
     i.add_argument("job", type=job_id)
+    i.add_argument("--pmi", action="store_true", help="show the step's PMI state")
     return p
 
 
@@ -218,7 +221,7 @@ def cmd_submit(layout: Layout, ns: argparse.Namespace) -> int:
     env.update(dict(ns.env))
     workdir = os.path.abspath(ns.workdir or os.getcwd())
     args = {"command": command, "cpus": ns.cpus, "gpus": ns.gpus, "memory_mb": ns.memory_mb,
-            "ntasks": ns.ntasks, "workdir": workdir, "env": env}
+            "ntasks": ns.ntasks, "workdir": workdir, "env": env, "pmi": ns.pmi}
     for key in ("name", "output", "error"):
         if getattr(ns, key) is not None:
             args[key] = getattr(ns, key)
@@ -299,11 +302,20 @@ def cmd_inspect(layout: Layout, ns: argparse.Namespace) -> int:
     with Client(path, timeout=5.0) as client:
         try:
             client.call("hello", {"versions": sorted(protocol.SUPPORTED_VERSIONS)})
-            st = client.call("state")
+            st = client.call("pmi" if ns.pmi else "state")
         except Unreachable as exc:
             raise CliError(f"job {ns.job}: {exc.message}") from None
     if ns.json:
         print(json.dumps(st))
+        return 0
+    if ns.pmi:
+        print(f"{st['kind']} job {st['jobid']}: {st['size']} ranks, epoch {st['epoch']}, "
+              f"{st['kvs_keys']} keys ({st['store_bytes']} bytes), waiting "
+              f"{st['waiting'] or 'none'}{', failure: ' + st['failure'] if st['failure'] else ''}")
+        for r in st["ranks"]:
+            flags = [k for k in ("connected", "initialized", "finalized", "aborted", "exited")
+                     if r.get(k)]
+            print(f"  rank {r['rank']}: {r['protocol'] or '-'} {' '.join(flags)}")
         return 0
     for key in ("job", "attempt", "state", "phase", "supervisor_pid", "pids", "started_at",
                 "ended_at"):

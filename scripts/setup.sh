@@ -7,7 +7,8 @@ cd "$(dirname "$0")/.."
 SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
 need=()
-for pkg in libcap-dev python3-venv python3-dev; do
+# mpich, libmpich-dev, libpmi2-0-dev: real MPI and PMI-2 clients for the PMI tests
+for pkg in libcap-dev python3-venv python3-dev mpich libmpich-dev libpmi2-0-dev; do
     dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done
 if [ ${#need[@]} -gt 0 ]; then

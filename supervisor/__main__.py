@@ -18,6 +18,8 @@ import setproctitle
 
 import supervisor.handlers
 import supervisor.launch
+import supervisor.pmi
+import supervisor.pmi_io
 import supervisor.step  # noqa: F401  (eager import, see above)
 from shared import records
 from shared.paths import PathTooLong, RunDir, check_ipc_path

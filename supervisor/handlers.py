@@ -122,7 +122,17 @@ def terminate(sup: Supervisor, peer: Peer, req: protocol.Request) -> Any:
     return {"phase": sup.step.phase.value}
 
 
+def pmi(sup: Supervisor, peer: Peer, req: protocol.Request) -> Any:
+    check_known(req.args, req.kind, ())
+    if sup.pmi is None:
+        raise StateError(f"step {sup.rd.job}.{sup.rd.attempt} was not started with PMI")
+    snap = sup.pmi.snapshot()
+    snap["kind"] = sup.spec.get("pmi")
+    return snap
+
+
 HANDLERS: dict[str, Handler] = {
+    "pmi": pmi,
     "hello": hello,
     "state": state,
     "claim": claim,

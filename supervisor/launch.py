@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import subprocess
+from collections.abc import Callable
 from typing import Any
 
 from shared.procid import start_ticks
@@ -71,11 +72,20 @@ def _skip_rest(step: Step, why: str) -> None:
             task.reason = f"not started: {why}"
 
 
+#: Per-rank additions: (environment, fds to pass) before the fork, and a call after it.
+Prepare = Callable[[int], tuple[dict[str, str], tuple[int, ...]]]
+Spawned = Callable[[int], None]
+
+
 class Launcher:
     """Holds the Popen objects so that subprocess never reaps them behind the reaper's back."""
 
-    def __init__(self) -> None:
+    def __init__(self, prepare: Prepare | None = None, spawned: Spawned | None = None,
+                 env_filter: Callable[[dict[str, str]], dict[str, str]] | None = None) -> None:
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
+        self.prepare = prepare
+        self.spawned = spawned
+        self.env_filter = env_filter
 
     def launch(self, spec: dict[str, Any], step: Step) -> None:
         """Start every task. On a failure the started ones are killed by the caller."""
@@ -113,6 +123,13 @@ class Launcher:
                 os.sched_setaffinity(0, cpus)
             except OSError as exc:
                 log.warning("task %d: cannot set CPU affinity %s: %s", task.rank, cpus, exc)
+        env = task_env(spec, task.rank)
+        if self.env_filter is not None:
+            env = self.env_filter(env)
+        pass_fds: tuple[int, ...] = ()
+        if self.prepare is not None:
+            extra, pass_fds = self.prepare(task.rank)
+            env.update(extra)
         try:
             proc = subprocess.Popen(
                 spec["command"],
@@ -120,15 +137,19 @@ class Launcher:
                 stdout=out,
                 stderr=err,
                 cwd=spec["workdir"],
-                env=task_env(spec, task.rank),
+                env=env,
                 process_group=0,
                 close_fds=True,
+                pass_fds=pass_fds,
                 restore_signals=True,
             )
         except OSError as exc:
             task.record_launch_failure(_exec_reason(exc, spec))
             log.warning("task %d: %s", task.rank, task.reason)
             return
+        finally:
+            if self.spawned is not None:
+                self.spawned(task.rank)
         self.procs[proc.pid] = proc
         task.pid = proc.pid
         task.start_ticks = start_ticks(proc.pid) or 0

@@ -37,6 +37,8 @@ from shared.procid import ProcId, all_processes
 from shared.timers import Timer, Timers, rfc3339_now
 from supervisor import handlers
 from supervisor.launch import Launcher, LaunchFailed
+from supervisor.pmi import Abort, Broken, Finalized, Output, PmiServer, ProtocolError, Send
+from supervisor.pmi_io import PmiChannels, clean_env
 from supervisor.step import Phase, Step, signal_name
 
 log = logging.getLogger("tether.supervisor")
@@ -57,7 +59,17 @@ class Supervisor:
         self.spec = spec
         self.lock_fd = lock_fd
         self.step = Step(job=rd.job, attempt=rd.attempt, ntasks=spec["ntasks"])
-        self.launcher = Launcher()
+        self.pmi: PmiServer | None = None
+        self.channels: PmiChannels | None = None
+        if spec.get("pmi", "none") != "none":
+            self.pmi = PmiServer(size=spec["ntasks"], jobid=f"{rd.job}.{rd.attempt}",
+                                 kvsname=f"tether-{rd.job}.{rd.attempt}")
+            self.channels = PmiChannels(self.pmi, spec["pmi"])
+            self.launcher = Launcher(self.channels.prepare, self.channels.spawned, clean_env)
+        else:
+            self.launcher = Launcher()
+        self.poller = zmq.Poller()
+        self.pmi_socks: dict[int, socket.socket] = {}  # rank -> our end, as registered
         self.timers = Timers()
         self.ident = ProcId.of(os.getpid())
         self.session = os.getsid(0)
@@ -91,7 +103,7 @@ class Supervisor:
             time.monotonic() + float(self.spec["claim_timeout"]), self.claim_expired)
         log.info("ready on %s; waiting up to %gs for the agent's claim", self.rd.sock,
                  self.spec["claim_timeout"])
-        poller = zmq.Poller()
+        poller = self.poller
         poller.register(self.router, zmq.POLLIN)
         poller.register(wake_r, zmq.POLLIN)
         try:
@@ -102,12 +114,16 @@ class Supervisor:
                         self.on_signals(wake_r)
                     if self.router in events:
                         self.serve()
+                    if self.channels is not None:
+                        self.pmi_events(events)
                     self.timers.run_due(time.monotonic())
                 except Exception:  # the step outlives a bug in one code path
                     log.exception("internal error in the supervisor loop")
         finally:
             self.router.close(linger=CLOSE_LINGER_MS)
             ctx.term()
+            if self.channels is not None:
+                self.channels.close_all()
             if self.remove_rundir:
                 shutil.rmtree(self.rd.path, ignore_errors=True)
             else:
@@ -176,6 +192,7 @@ class Supervisor:
             for task in self.step.tasks:
                 if task.pid and not task.done:
                     _killpg(task.pid, signal.SIGKILL)
+        self.sync_pmi_registrations()
         if "die-after-launch" in os.environ.get("TETHER_SUPERVISOR_FAULT", ""):
             os.kill(os.getpid(), signal.SIGKILL)  # test-only: the crash window before "running"
         self.write_manifest()
@@ -231,6 +248,11 @@ class Supervisor:
                 how = (f"killed by {signal_name(task.signal)}" if task.signal is not None
                        else f"exited with code {task.exit_code}")
                 log.info("task %d (pid %d) %s", task.rank, pid, how)
+                if self.pmi is not None:
+                    self.handle_pmi(self.pmi.rank_exited(task.rank, not task.failed))
+                    if task.failed:
+                        # MPI semantics: one failed rank ends the step; the rest are killed.
+                        self.kill_ranks(f"rank {task.rank} {how}")
         if self.step.phase is Phase.RUNNING and self.step.all_done:
             self.step.advance(Phase.DRAINING)
             if self.kill_timer:
@@ -303,6 +325,64 @@ class Supervisor:
                 log.warning("task %d (pid %d) outlived the grace period; sending SIGKILL",
                             task.rank, task.pid)
                 _killpg(task.pid, signal.SIGKILL)
+
+    # ---- PMI -------------------------------------------------------------------------------
+
+    def pmi_events(self, events: dict[Any, int]) -> None:
+        assert self.channels is not None
+        for fd, rank in self.channels.fd_ranks().items():
+            flags = events.get(fd, 0)
+            if flags & zmq.POLLIN:
+                self.handle_pmi(self.channels.readable(rank))
+            if flags & zmq.POLLOUT:
+                self.channels.flush(rank)
+        self.sync_pmi_registrations()
+
+    def sync_pmi_registrations(self) -> None:
+        """Keep the poller's view of the PMI fds in step with the channels."""
+        if self.channels is None:
+            return
+        want_write = self.channels.wants_write()
+        for rank, sock in list(self.pmi_socks.items()):
+            if self.channels.ours.get(rank) is not sock:
+                self.poller.unregister(sock)
+                del self.pmi_socks[rank]
+        for rank, sock in self.channels.ours.items():
+            flags = zmq.POLLIN | (zmq.POLLOUT if rank in want_write else 0)
+            if rank in self.pmi_socks:
+                self.poller.modify(sock, flags)
+            else:
+                self.poller.register(sock, flags)
+                self.pmi_socks[rank] = sock
+
+    def handle_pmi(self, outputs: list[Output]) -> None:
+        assert self.channels is not None
+        for o in outputs:
+            if isinstance(o, Send):
+                self.channels.send(o)
+            elif isinstance(o, Abort):
+                self.pmi_failure(f"rank {o.rank} called PMI abort with exit code {o.code}"
+                                 + (f": {o.message}" if o.message else ""), o.code)
+            elif isinstance(o, ProtocolError):
+                self.pmi_failure(f"rank {o.rank} broke the PMI protocol: {o.message}", None)
+            elif isinstance(o, Broken):
+                self.pmi_failure(o.message, None)
+            elif isinstance(o, Finalized):
+                log.debug("rank %d finalized PMI", o.rank)
+        self.sync_pmi_registrations()
+
+    def pmi_failure(self, reason: str, exit_code: int | None) -> None:
+        if self.step.force_failure(reason, exit_code):
+            log.warning("ending the step: %s", reason)
+        self.kill_ranks(reason)
+
+    def kill_ranks(self, why: str) -> None:
+        live = self.step.live_pids()
+        if live:
+            log.warning("%s: killing ranks %s", why,
+                        [t.rank for t in self.step.tasks if t.pid in live])
+        for pid in live:
+            _killpg(pid, signal.SIGKILL)
 
     # ---- records ---------------------------------------------------------------------------
 

@@ -100,6 +100,9 @@ class Step:
     started_at: str | None = None
     ended_at: str | None = None
     abort_reason: str | None = None
+    #: set when the step is failed from outside any one task's exit (PMI abort, broken fence)
+    forced_reason: str | None = None
+    forced_code: int | None = None
 
     def __post_init__(self) -> None:
         if not self.tasks:
@@ -110,6 +113,13 @@ class Step:
             raise PhaseError(f"step {self.job}.{self.attempt} can't go from "
                              f"{self.phase.value} to {to.value}")
         self.phase = to
+
+    def force_failure(self, reason: str, exit_code: int | None = None) -> bool:
+        """Record why the step is being ended; the first reason stands. True if it was new."""
+        if self.forced_reason is not None:
+            return False
+        self.forced_reason, self.forced_code = reason, exit_code
+        return True
 
     def note_exit(self, task: Task) -> None:
         if task.failed and self.first_failure is None:
@@ -157,6 +167,12 @@ class Step:
                     reason += " (core dumped)"
             elif self.ntasks > 1:
                 reason = f"task {bad.rank} (pid {bad.pid}) exited with code {exit_code}"
+        if self.forced_reason is not None and not self.cancelled:
+            state, reason = "failed", self.forced_reason
+            if self.forced_code is not None:
+                exit_code, sig = self.forced_code, None
+            elif bad is None:
+                exit_code, sig = None, None
         if self.cancelled:
             reason = "cancelled" + (f"; {reason}" if reason else "")
         elif self.terminated_by:
