@@ -459,7 +459,7 @@ class PmiServer:
         self._waiting.pop(rank, None)
         self._drop_node_waits(rank)
         how = "exited with success" if status_ok else "failed"
-        if False:
+        if st.connected and not st.finalized and not st.dead:
             still_need = [r.rank for r in self._ranks if r is not st and r.can_join]
             if still_need:
                 return self._break(

@@ -590,6 +590,17 @@ def test_input_split_at_every_byte_boundary(session: bytes) -> None:
     assert one_by_one == whole
 
 
+def test_framing_is_decided_by_the_first_byte_only() -> None:
+    # An over-long first line is dropped without buffering; the rest of it, arriving later and
+    # starting with a digit, is still part of that line, not a PMI-2 length prefix.
+    ranks = Ranks(size=1)
+    assert ranks.pmi.feed(0, b"cmd=put key=a value=" + b"x" * 1100) == []
+    assert_replies(replies(ranks.pmi.feed(0, b"123456\n" + line(INIT1))), [
+        "cmd=put_result rc=-1 msg=a_1127-byte_line_exceeds_the_1024-byte_PMI-1_limit",
+        INIT1_OK,
+    ])
+
+
 def test_empty_feed_is_nothing() -> None:
     ranks = Ranks(size=2)
     assert ranks.pmi.feed(0, b"") == []
@@ -842,6 +853,15 @@ def test_bytes_fed_after_the_exit_still_count() -> None:
     assert events(out) == [Abort(rank=0, code=9, message="")]
 
 
+def test_late_barrier_bytes_from_a_dead_rank_do_not_complete_the_barrier() -> None:
+    ranks = Ranks(size=2)
+    ranks.init1(0)
+    assert ranks.pmi.rank_exited(1, False) == []  # killed before its bytes were read
+    assert replies(ranks.v1(1, INIT1, "cmd=barrier_in")) == [INIT1_OK]
+    [broken] = ranks.v1(0, "cmd=barrier_in")
+    assert isinstance(broken, Broken) and broken.rank == 1
+
+
 def test_rank_index_out_of_range_is_the_callers_bug() -> None:
     ranks = Ranks(size=2)
     with pytest.raises(ValueError):
@@ -894,7 +914,7 @@ def test_outputs_are_frozen_keyword_only_and_checked() -> None:
     with pytest.raises(dataclasses.FrozenInstanceError):
         send.rank = 1  # type: ignore[misc]
     with pytest.raises(TypeError):
-        Send(0, b"x")  # type: ignore[misc]
+        Send(0, b"x")  # type: ignore[call-arg]
     with pytest.raises(ValueError):
         Broken(rank=-1, message="x")
 

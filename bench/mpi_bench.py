@@ -1,0 +1,96 @@
+"""Wall time of a 2- and 4-rank MPICH program under ``tether submit --wait --pmi pmi1`` and under
+MPICH's own ``mpiexec -n N``, interleaved in one run (so both see the same machine load).
+
+    .venv/bin/python bench/mpi_bench.py [--runs 10] [--json]
+
+Builds tests/mpi/hello_mpi.c with mpicc, starts its own agent on a temporary state directory,
+and kills everything it started on the way out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TETHER = [sys.executable, "-m", "cli.main"]
+
+
+def timed(argv: list[str], env: dict[str, str], cwd: str) -> float:
+    t0 = time.perf_counter()
+    res = subprocess.run(argv, env=env, cwd=cwd, capture_output=True)
+    elapsed = time.perf_counter() - t0
+    if res.returncode != 0:
+        raise SystemExit(f"{' '.join(argv)} failed ({res.returncode}): {res.stderr.decode()}")
+    return elapsed * 1000
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--runs", type=int, default=10)
+    ap.add_argument("--json", action="store_true")
+    ns = ap.parse_args()
+    base = tempfile.mkdtemp(dir="/tmp", prefix="tmb")
+    state, work = os.path.join(base, "s"), os.path.join(base, "w")
+    os.makedirs(work)
+    env = dict(os.environ, TETHER_STATE_DIR=state)
+    exe = os.path.join(base, "hello_mpi")
+    subprocess.run(["mpicc", "-O1", "-o", exe, os.path.join(ROOT, "tests/mpi/hello_mpi.c")],
+                   check=True)
+    log = open(os.path.join(base, "agent.log"), "wb")  # noqa: SIM115
+    agent = subprocess.Popen([*TETHER, "agent", "--cpus", "4"], env=env, stdout=log,
+                             stderr=subprocess.STDOUT, start_new_session=True, cwd=ROOT)
+    results: dict[str, list[float]] = {}
+    try:
+        deadline = time.monotonic() + 20
+        while subprocess.run([*TETHER, "status"], env=env, capture_output=True).returncode:
+            if time.monotonic() > deadline:
+                raise SystemExit("agent did not start")
+            time.sleep(0.05)
+        for n in (2, 4):  # one warm-up each
+            timed(["mpiexec", "-n", str(n), exe], env, work)
+            timed([*TETHER, "submit", "--wait", "--ntasks", str(n), "--pmi", "pmi1", "--", exe],
+                  env, work)
+        for _ in range(ns.runs):
+            for n in (2, 4):
+                results.setdefault(f"mpiexec -n {n}", []).append(
+                    timed(["mpiexec", "-n", str(n), exe], env, work))
+                results.setdefault(f"tether --ntasks {n}", []).append(
+                    timed([*TETHER, "submit", "--wait", "--ntasks", str(n), "--pmi", "pmi1",
+                           "--", exe], env, work))
+    finally:
+        agent.send_signal(signal.SIGTERM)
+        agent.wait()
+        log.close()
+        for name in os.listdir("/proc"):
+            if name.isdigit():
+                try:
+                    with open(f"/proc/{name}/cmdline", "rb") as f:
+                        if state.encode() in f.read():
+                            os.kill(int(name), signal.SIGKILL)
+                except OSError:
+                    pass
+        shutil.rmtree(base, ignore_errors=True)
+    summary = {k: {"median_ms": round(statistics.median(v), 1), "min_ms": round(min(v), 1),
+                   "max_ms": round(max(v), 1), "runs": len(v)} for k, v in results.items()}
+    if ns.json:
+        print(json.dumps(summary))
+    else:
+        print(f"MPICH hello (Allreduce, ring Sendrecv, Barrier), {ns.runs} interleaved runs, "
+              f"load {os.getloadavg()[0]:.2f}; tether timed with {sys.executable} -m cli.main")
+        for k, s in summary.items():
+            print(f"  {k:<18} median {s['median_ms']:7.1f} ms  (min {s['min_ms']}, "
+                  f"max {s['max_ms']})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
