@@ -10,6 +10,8 @@ import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import msgpack
+
 import shared
 from agent.db import ACTIVE, FINAL
 from agent.ledger import Request as ResourceRequest
@@ -29,6 +31,9 @@ MAX_HOLD = 600.0
 MAX_TASKS = 1024
 #: Jobs per ``list`` reply; the CLI pages through the rest.
 LIST_PAGE = 500
+LIST_PAGE_BYTES = 256 * 1024
+#: A job's command line, in bytes: it travels in every reply that shows the job.
+MAX_COMMAND_BYTES = 128 * 1024
 PMI_KINDS = ("none", "pmi1", "pmi2")
 
 
@@ -69,6 +74,8 @@ def submit(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
     command = arg_str_list(args, "command")
     if not command or not command[0]:
         raise BadRequest("a job needs a command")
+    if sum(len(a.encode()) + 1 for a in command) > MAX_COMMAND_BYTES:
+        raise BadRequest(f"the command line is longer than {MAX_COMMAND_BYTES} bytes")
     cpus = arg_int(args, "cpus", default=1, minimum=1, maximum=1 << 20)
     gpus = arg_int(args, "gpus", default=0, minimum=0, maximum=1 << 16)
     memory = arg_int(args, "memory_mb", default=0, minimum=0, maximum=1 << 40)
@@ -85,7 +92,7 @@ def submit(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
         for k, v in env.items()
     ):
         raise BadRequest("'env' must map variable names to string values")
-    name = arg_str(args, "name", optional=True, max_len=256) or os.path.basename(command[0])
+    name = arg_str(args, "name", optional=True, max_len=256) or os.path.basename(command[0])[:256]
     pmi = arg_str(args, "pmi", default="none")
     if pmi not in PMI_KINDS:
         raise BadRequest(f"unknown PMI {pmi!r}: use one of {', '.join(PMI_KINDS)}")
@@ -123,7 +130,15 @@ def list_jobs(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
     after = arg_int(req.args, "after", default=0, minimum=0)
     limit = arg_int(req.args, "limit", default=LIST_PAGE, minimum=1, maximum=LIST_PAGE)
     jobs = agent.db.page(after, limit + 1)
-    return {"jobs": [j.public() for j in jobs[:limit]], "more": len(jobs) > limit}
+    out: list[dict[str, Any]] = []
+    size = 0
+    for job in jobs[:limit]:
+        pub = job.public()
+        size += len(msgpack.packb(pub))
+        if out and size > LIST_PAGE_BYTES:  # by size too: a page must fit in one frame
+            return {"jobs": out, "more": True}
+        out.append(pub)
+    return {"jobs": out, "more": len(jobs) > limit}
 
 
 def show(agent: Agent, peer: Peer, req: protocol.Request) -> Any:

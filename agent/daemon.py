@@ -499,6 +499,14 @@ class Agent:
         self.job_ended(job)
         self.schedule_due = True
 
+    def lose(self, job: Job, reason: str) -> None:
+        """No result will ever come: ``lost``, or ``cancelled`` if that was asked for."""
+        if job.cancel_requested:
+            self.finalize(job, state="cancelled", exit_code=None, sig=None,
+                          reason=f"cancelled; {reason}")
+        else:
+            self.finalize(job, state="lost", exit_code=None, sig=None, reason=reason)
+
     def release(self, job: Job) -> None:
         if job.id in self.holding:
             self.holding.discard(job.id)
@@ -544,12 +552,7 @@ class Agent:
         elif verdict.kind == "never-ran":
             self.requeue_or_cancel(job, verdict.reason)
         else:
-            reason = verdict.reason + (f"; {note}" if note else "")
-            if job.cancel_requested:
-                self.finalize(job, state="cancelled", exit_code=None, sig=None,
-                              reason=f"cancelled; {reason}")
-            else:
-                self.finalize(job, state="lost", exit_code=None, sig=None, reason=reason)
+            self.lose(job, verdict.reason + (f"; {note}" if note else ""))
         shutil.rmtree(rd.path, ignore_errors=True)
 
     def refollow(self, job_id: int) -> None:
@@ -577,7 +580,10 @@ class Agent:
         for rd in self.layout.run_dirs():
             if (rd.job, rd.attempt) in wanted:
                 continue
-            self.orphan(rd)
+            try:
+                self.orphan(rd)
+            except Exception:  # one odd directory must not keep the node from starting
+                log.exception("%s: could not be examined", rd.path)
         log.info("reattach: %d active job(s), %d to probe", len(active), len(self.reattaching))
 
     def reattach_one(self, job: Job) -> None:
@@ -587,15 +593,13 @@ class Agent:
             log.error("job %d: its allocation conflicts with this node's (%s); NOT adopting "
                       "it: marked lost, its supervisor (pid %s) is left alone", job.id, exc,
                       job.supervisor_pid)
-            self.finalize(job, state="lost", exit_code=None, sig=None,
-                          reason=f"not adopted after an agent restart: allocation conflict: {exc}")
+            self.lose(job, f"not adopted after an agent restart: allocation conflict: {exc}")
             return
         self.holding.add(job.id)
         rd = self.layout.run_dir(job.id, job.attempt)
         if not os.path.isdir(rd.path):
             if job.state == "running":
-                self.finalize(job, state="lost", exit_code=None, sig=None,
-                              reason=f"its run directory {rd.path} disappeared while it ran")
+                self.lose(job, f"its run directory {rd.path} disappeared while it ran")
             else:
                 self.requeue_or_cancel(job, "no run directory: it was never spawned, or its "
                                             "supervisor gave up before launching")

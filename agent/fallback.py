@@ -86,8 +86,8 @@ def resolve(rd: RunDir, job: Job) -> Verdict:
         return Verdict("never-ran", "its supervisor is gone and never launched the tasks")
     killed = kill_step(manifest)
     sup = manifest["supervisor"]
-    reason = (f"supervisor (pid {sup.get('pid')}) died while the job was running and left no "
-              "exit record")
+    reason = (f"supervisor (pid {sup.get('pid')}) died while the job was "
+              f"{manifest['phase']} and left no exit record")
     if bad_sentinel:
         reason += f" (unusable exit record: {bad_sentinel})"
     if killed:

@@ -8,7 +8,7 @@
         lock       flock: taken by the agent before spawning, inherited and held by the supervisor
         spec.json  what to run, written by the agent before the spawn
         sock       the supervisor's ROUTER (ipc)
-        manifest.json  identities and phase, written by the supervisor (ready, then running)
+        manifest.json  identities and phase, written by the supervisor (ready, launching, running)
         exit.json  the exit sentinel, written once the last task is reaped
 
 A run directory is named by (job, attempt), so a relaunch never reuses the directory, lock or

@@ -48,6 +48,8 @@ DRAIN_TIMEOUT = 10.0
 #: How long the final reply (to ack) may take to leave before the socket is dropped.
 CLOSE_LINGER_MS = 1000
 MAX_HOLD = 600.0
+TERMINATING = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+IGNORED_SIGNALS = (signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 
 
 now_rfc3339 = rfc3339_now
@@ -90,7 +92,9 @@ class Supervisor:
         wake_r.setblocking(False)
         wake_w.setblocking(False)
         signal.set_wakeup_fd(wake_w.fileno(), warn_on_full_buffer=False)
-        for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        # Python-level handlers only (exec resets them, so tasks start with defaults). Stray
+        # SIGQUIT/SIGUSR1/SIGUSR2 must not kill the step's supervisor: they are logged.
+        for sig in (signal.SIGCHLD, *TERMINATING, *IGNORED_SIGNALS):
             signal.signal(sig, _wake_only)
         ctx: zmq.Context[Any] = zmq.Context()
         old_umask = os.umask(0)  # every request is authorized per verb; see handlers.py
@@ -165,7 +169,9 @@ class Supervisor:
             got.update(data)
         if signal.SIGCHLD in got or self.step.phase in (Phase.RUNNING, Phase.DRAINING):
             self.reap()
-        for sig in got - {signal.SIGCHLD}:
+        for sig in got & set(IGNORED_SIGNALS):
+            log.warning("received %s: ignored", signal_name(sig))
+        for sig in got & set(TERMINATING):
             log.warning("received %s: terminating the step", signal_name(sig))
             self.terminate(grace=float(self.spec.get("kill_grace", 10)), cancel=False,
                            why=f"supervisor received {signal_name(sig)}")

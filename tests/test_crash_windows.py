@@ -175,3 +175,21 @@ def test_list_is_paged(node: Node) -> None:
     assert [j["id"] for j in first["jobs"]] == ids[:2] and first["more"] is True
     assert [j["id"] for j in rest["jobs"]] == ids[2:] and rest["more"] is False
     assert proc_stat(os.getpid()) is not None
+
+
+def test_stray_signals_do_not_kill_a_supervisor(node: Node) -> None:
+    node.start()
+    job = node.submit("sleep", "1")
+    node.wait_state(job, ("running",))
+    sup = ProcId.from_dict(node.running_manifest(job)["supervisor"])
+    for sig in (signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
+        os.kill(sup.pid, sig)
+    j = node.wait_end(job)
+    assert (j["state"], j["exit_code"]) == ("completed", 0)
+
+
+def test_a_huge_command_line_is_refused_not_recorded(node: Node) -> None:
+    node.start()
+    res = node.cli("submit", "--", "echo", "x" * 100_000, "y" * 100_000)
+    assert res.returncode == 1 and "longer than" in res.stderr
+    assert node.ok("list") == ""
