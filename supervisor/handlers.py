@@ -1,8 +1,16 @@
-"""Request handlers of the supervisor's socket: one table, one authorization rule per verb.
+"""Request handlers of the supervisor's socket: one table, one authorization class per verb.
 
-Who may call what (from the kernel's peer credentials, never from the message):
-- any local user: ``hello``, ``state``
-- root and the agent's uid: ``claim``, ``wait``, ``ack``, ``abort``, ``terminate``
+Who may call what is decided per request from the kernel's credentials of the connecting peer
+(ZeroMQ's ``Peer-Address``: SO_PEERCRED at connect time), never from anything in the message:
+
+- ``ANY`` local user: ``hello``, ``state``
+- ``OWNER``: the job's owner, root and the agent's uid (``info``, ``pids``, ``stats``,
+  ``output``, ``events``, ``signal``, ``pmi``)
+- ``AGENT``: root and the agent's uid only (``claim``, ``wait``, ``ack``, ``abort``,
+  ``terminate``): whoever may call these decides the step's fate
+
+A refusal is an error reply "permission denied: ..." naming the verb; the server logs it with
+the peer's uid and pid. A peer whose credentials are unknown gets only ``ANY`` verbs.
 
 Control verbs name the (job, attempt) they mean; a request for any other attempt is refused, so a
 stale agent request can never claim or acknowledge a relaunch.
@@ -30,10 +38,33 @@ PENDING = object()
 Handler = Callable[["Supervisor", Peer, protocol.Request], Any]
 
 
+ANY, OWNER, AGENT = "any", "owner", "agent"
+
+#: The class of every verb. A verb missing here is refused to everyone but root and the agent.
+VERB_CLASS: dict[str, str] = {
+    "hello": ANY, "state": ANY,
+    "info": OWNER, "pids": OWNER, "stats": OWNER, "output": OWNER, "events": OWNER,
+    "signal": OWNER, "pmi": OWNER,
+    "claim": AGENT, "wait": AGENT, "ack": AGENT, "abort": AGENT, "terminate": AGENT,
+}
+
+_WHO = {OWNER: "the job's owner, root and the agent", AGENT: "root and the agent"}
+
+
+def authorize(sup: Supervisor, peer: Peer, kind: str) -> None:
+    cls = VERB_CLASS.get(kind, AGENT)
+    if cls == ANY:
+        return
+    privileged = {0, os.getuid(), int(sup.spec["agent_uid"])}
+    if peer.uid in privileged and peer.uid >= 0:
+        return
+    if cls == OWNER and peer.uid == sup.owner_uid and peer.uid >= 0:
+        return
+    raise PermissionDenied(f"permission denied: {kind!r} is for {_WHO[cls]} only "
+                           f"(you are uid {peer.uid})")
+
+
 def _control(sup: Supervisor, peer: Peer, req: protocol.Request) -> None:
-    allowed = {0, os.getuid(), int(sup.spec["agent_uid"])}
-    if peer.uid not in allowed:
-        raise PermissionDenied(f"permission denied: {req.kind!r} is for root and the agent only")
     job = arg_int(req.args, "job")
     attempt = arg_int(req.args, "attempt")
     if (job, attempt) != (sup.rd.job, sup.rd.attempt):
@@ -147,4 +178,5 @@ def dispatch(sup: Supervisor, peer: Peer, req: protocol.Request) -> Any:
     handler = HANDLERS.get(req.kind)
     if handler is None:
         raise UnknownKind(f"unknown request kind {req.kind!r}")
+    authorize(sup, peer, req.kind)
     return handler(sup, peer, req)

@@ -64,6 +64,17 @@ def _exec_reason(exc: OSError, spec: dict[str, Any]) -> str:
     return f"cannot execute {spec['command'][0]!r}: {exc.strerror}"
 
 
+def _readers(out: int, err: int) -> dict[str, int]:
+    readers: dict[str, int] = {}
+    try:
+        readers["stdout"] = os.open(f"/proc/self/fd/{out}", os.O_RDONLY | os.O_CLOEXEC)
+        readers["stderr"] = (readers["stdout"] if err == out else
+                             os.open(f"/proc/self/fd/{err}", os.O_RDONLY | os.O_CLOEXEC))
+    except OSError as exc:  # output stays on disk; only introspection of it is lost
+        log.warning("cannot open the output files for reading: %s", exc)
+    return readers
+
+
 def _skip_rest(step: Step, why: str) -> None:
     """Ranks never started count as done, so the step can end."""
     for task in step.tasks:
@@ -83,6 +94,10 @@ class Launcher:
     def __init__(self, prepare: Prepare | None = None, spawned: Spawned | None = None,
                  env_filter: Callable[[dict[str, str]], dict[str, str]] | None = None) -> None:
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
+        #: read-only fds on the output files, opened once at launch through /proc/self/fd:
+        #: they stay on the very inodes the tasks write, whatever is later renamed or linked
+        #: at the paths ("stdout", "stderr"; the same fd twice when both go to one file)
+        self.readers: dict[str, int] = {}
         self.prepare = prepare
         self.spawned = spawned
         self.env_filter = env_filter
@@ -103,6 +118,7 @@ class Launcher:
             step.note_exit(step.tasks[0])
             _skip_rest(step, str(exc))
             raise
+        self.readers = _readers(out, err)
         own_affinity = os.sched_getaffinity(0)
         try:
             for task in step.tasks:

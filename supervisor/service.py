@@ -70,6 +70,10 @@ class Supervisor:
             self.launcher = Launcher(self.channels.prepare, self.channels.spawned, clean_env)
         else:
             self.launcher = Launcher()
+        #: the job's owner: its tasks' uid (``--user``), else the agent's
+        self.owner_uid = int(spec.get("uid", spec["agent_uid"]))
+        #: the step's events, in order (``events`` verb): task started, task exited, step ended
+        self.events: list[dict[str, Any]] = []
         self.poller = zmq.Poller()
         self.pmi_socks: dict[int, socket.socket] = {}  # rank -> our end, as registered
         self.timers = Timers()
@@ -199,6 +203,9 @@ class Supervisor:
                 if task.pid and not task.done:
                     _killpg(task.pid, signal.SIGKILL)
         self.sync_pmi_registrations()
+        for task in self.step.tasks:
+            if task.pid:
+                self.emit("task_started", rank=task.rank, pid=task.pid)
         if "die-after-launch" in os.environ.get("TETHER_SUPERVISOR_FAULT", ""):
             os.kill(os.getpid(), signal.SIGKILL)  # test-only: the crash window before "running"
         self.write_manifest()
@@ -254,6 +261,8 @@ class Supervisor:
                 how = (f"killed by {signal_name(task.signal)}" if task.signal is not None
                        else f"exited with code {task.exit_code}")
                 log.info("task %d (pid %d) %s", task.rank, pid, how)
+                self.emit("task_exited", rank=task.rank, pid=pid, exit_code=task.exit_code,
+                          signal=task.signal)
                 if self.pmi is not None:
                     self.handle_pmi(self.pmi.rank_exited(task.rank, not task.failed))
                     if task.failed:
@@ -295,6 +304,9 @@ class Supervisor:
         self.step.advance(Phase.EXITED)
         self.write_record()
         log.info("step ended: %s", self.record)
+        assert self.record is not None
+        self.emit("step_ended", state=self.record["state"], exit_code=self.record["exit_code"],
+                  signal=self.record["signal"], reason=self.record["reason"])
         self.release_waiters()
         linger = float(self.spec["linger"])
         self.timers.at(time.monotonic() + linger, self.linger_expired)
@@ -431,6 +443,15 @@ class Supervisor:
             log.error("cannot write the manifest %s: %s", self.rd.manifest, exc)
             return False
         return True
+
+    def emit(self, kind: str, **fields: Any) -> None:
+        """Append one event; ``on_event`` (the events verb's waiters) is told."""
+        event = {"seq": len(self.events) + 1, "time": now_rfc3339(), "kind": kind, **fields}
+        self.events.append(event)
+        self.on_event(event)
+
+    def on_event(self, event: dict[str, Any]) -> None:
+        """Hook for subscribers of the ``events`` verb."""
 
     def release_waiters(self) -> None:
         for peer, rid, timer in self.waiters:
