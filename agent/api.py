@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import msgpack
 
 import shared
+from agent import users
 from agent.db import ACTIVE, FINAL
 from agent.ledger import Request as ResourceRequest
 from shared import protocol
@@ -70,7 +71,7 @@ def _abs_path(args: Any, name: str, workdir: str) -> str | None:
 def submit(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
     args = req.args
     check_known(args, req.kind, ("command", "name", "cpus", "gpus", "memory_mb", "ntasks",
-                                 "output", "error", "workdir", "env", "pmi"))
+                                 "output", "error", "workdir", "env", "pmi", "user"))
     command = arg_str_list(args, "command")
     if not command or not command[0]:
         raise BadRequest("a job needs a command")
@@ -101,6 +102,10 @@ def submit(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
     for label, path in (("output", output), ("error", error)):
         if path is not None and not os.path.isdir(os.path.dirname(path)):
             raise BadRequest(f"{label} file {path}: its directory does not exist")
+    user_name = arg_str(args, "user", optional=True, max_len=64)
+    if user_name is not None and os.geteuid() != 0:
+        raise BadRequest("--user needs an agent running as root")
+    user = users.lookup(user_name) if user_name is not None else users.current()
     why = agent.ledger.never_fits(ResourceRequest(cpus * ntasks, gpus, memory))
     if why:
         per = f" ({ntasks} tasks x {cpus} CPUs)" if ntasks > 1 else ""
@@ -116,7 +121,10 @@ def submit(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
         )
         out = (output or os.path.join(workdir, "tether-%j.out")).replace("%j", str(job.id))
         err = (error or out).replace("%j", str(job.id))
-        job = agent.db.update(job.id, output=out, error=err)
+        if user_name is not None:  # before anything is kept: refused jobs leave no trace
+            users.check_access(user, workdir, sorted({out, err}))
+        job = agent.db.update(job.id, output=out, error=err, user=user.name, uid=user.uid,
+                              gid=user.gid)
         agent.db.commit()
     except BaseException:
         agent.db.rollback()

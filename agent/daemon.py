@@ -30,7 +30,7 @@ from typing import Any
 import zmq
 
 import shared
-from agent import api, fallback
+from agent import api, fallback, users
 from agent.db import ACTIVE, Job, Store
 from agent.ledger import Conflict, Ledger, Request
 from agent.link import Link
@@ -116,7 +116,11 @@ class Agent:
             raise AgentError(f"another agent is running on {self.cfg.state_dir}") from None
         os.ftruncate(self.lock_fd, 0)
         os.write(self.lock_fd, f"{os.getpid()}\n".encode())
-        self.store = Store(self.layout.db)
+        old_umask = os.umask(0o077)  # the job table holds environments: root's eyes only
+        try:
+            self.store = Store(self.layout.db)
+        finally:
+            os.umask(old_umask)
         wake_r, wake_w = socket.socketpair()
         wake_r.setblocking(False)
         wake_w.setblocking(False)
@@ -263,6 +267,18 @@ class Agent:
                                  supervisor_ticks=None)
             self.launch(job)
 
+    def identity(self, job: Job) -> dict[str, Any]:
+        """Who the tasks run as: the job's user, looked up again at launch (groups may change)."""
+        user: users.User | None
+        try:
+            user = users.lookup(job.user) if job.user else users.current()
+        except TetherError:
+            user = None
+        if user is None or (job.uid is not None and user.uid != job.uid):
+            raise SpawnError(f"user {job.user!r} (uid {job.uid}) no longer exists as submitted")
+        return {"uid": user.uid, "gid": user.gid, "groups": list(user.groups),
+                "user": user.name, "home": user.home}
+
     def launch(self, job: Job) -> None:
         rd = self.layout.run_dir(job.id, job.attempt)
         per = job.cpus_per_task
@@ -277,6 +293,7 @@ class Agent:
             "kill_grace": self.cfg.cancel_grace, "agent_uid": os.getuid(), "pmi": job.pmi,
         }
         try:
+            spec.update(self.identity(job))
             pid = spawn_supervisor(self.layout, rd, spec)
         except (SpawnError, OSError) as exc:
             log.error("job %d: %s", job.id, exc)

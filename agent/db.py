@@ -45,13 +45,17 @@ CREATE TABLE IF NOT EXISTS jobs (
     started_at TEXT,
     ended_at TEXT,
     cancel_requested INTEGER NOT NULL DEFAULT 0,
-    pmi TEXT NOT NULL DEFAULT 'none'
+    pmi TEXT NOT NULL DEFAULT 'none',
+    user TEXT,
+    uid INTEGER,
+    gid INTEGER
 );
 CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state, id);
 """
 
 
-_ADDED_COLUMNS = {"pmi": "TEXT NOT NULL DEFAULT 'none'"}
+_ADDED_COLUMNS = {"pmi": "TEXT NOT NULL DEFAULT 'none'", "user": "TEXT", "uid": "INTEGER",
+                  "gid": "INTEGER"}
 
 
 @dataclass
@@ -82,6 +86,9 @@ class Job:
     ended_at: str | None
     cancel_requested: bool
     pmi: str = "none"
+    user: str | None = None
+    uid: int | None = None
+    gid: int | None = None
 
     @property
     def allocation(self) -> Allocation:
@@ -102,6 +109,7 @@ class Job:
             "pids": self.pids, "output": self.output, "error": self.error,
             "workdir": self.workdir, "submitted_at": self.submitted_at,
             "started_at": self.started_at, "ended_at": self.ended_at, "pmi": self.pmi,
+            "user": self.user, "uid": self.uid,
         }
 
 

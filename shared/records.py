@@ -127,6 +127,9 @@ def read_spec(path: str) -> dict[str, Any]:
         raise RecordError(f"{path}: 'affinity' must hold one CPU list per task")
     if not all(isinstance(k, str) and isinstance(v, str) for k, v in spec["env"].items()):
         raise RecordError(f"{path}: 'env' must map strings to strings")
+    if "uid" in spec:
+        _need(path, spec, {"uid": int, "gid": int, "user": str, "home": str})
+        _int_list(path, spec, "groups")
     return spec
 
 

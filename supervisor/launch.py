@@ -13,7 +13,10 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
+import stat
 import subprocess
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -50,18 +53,78 @@ def task_env(spec: dict[str, Any], rank: int) -> dict[str, str]:
     return env
 
 
+_OUTPUT_FLAGS = (os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND | os.O_NOFOLLOW
+                 | os.O_CLOEXEC)
+
+#: Run as the job's user (python -S -c): opens each output path with that user's rights and
+#: O_NOFOLLOW, and hands the fds back over SCM_RIGHTS on the socket whose number is argv[1].
+#: A string here, so nothing is imported from the (possibly upgraded) package at launch.
+_OPENER = r"""
+import os, socket, sys
+s = socket.socket(fileno=int(sys.argv[1]))
+fds = []
+for path in sys.argv[2:]:
+    try:
+        fds.append(os.open(path, int(os.environ["TETHER_FLAGS"]), 0o644))
+    except OSError as e:
+        s.sendall(("cannot open output file %s: %s" % (path, e.strerror)).encode())
+        sys.exit(1)
+socket.send_fds(s, [b"ok"], fds)
+"""
+
+
+def _check_opened(fd: int, path: str) -> int:
+    """Only a regular file or a character device (/dev/null) may take a job's output."""
+    st = os.fstat(fd)
+    if not (stat.S_ISREG(st.st_mode) or stat.S_ISCHR(st.st_mode)):
+        os.close(fd)
+        raise LaunchFailed(f"output file {path} is not a regular file")
+    return fd
+
+
 def _open_output(path: str) -> int:
     try:
-        return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND | os.O_CLOEXEC,
-                       0o644)
+        return _check_opened(os.open(path, _OUTPUT_FLAGS, 0o644), path)
     except OSError as exc:
         raise LaunchFailed(f"cannot open output file {path}: {exc.strerror}") from None
+
+
+def _open_outputs_as(spec: dict[str, Any], paths: list[str]) -> list[int]:
+    """Open ``paths`` as the job's user, in a short-lived child with that user's credentials."""
+    ours, theirs = socket.socketpair()
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-S", "-c", _OPENER, str(theirs.fileno()), *paths],
+            user=spec["uid"], group=spec["gid"], extra_groups=spec["groups"],
+            pass_fds=(theirs.fileno(),), cwd=spec["workdir"], stdin=subprocess.DEVNULL,
+            env={"TETHER_FLAGS": str(_OUTPUT_FLAGS)},
+        )
+        theirs.close()
+        ours.settimeout(10)
+        msg, fds, _, _ = socket.recv_fds(ours, 1024, len(paths))
+        proc.wait(timeout=10)
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise LaunchFailed(f"cannot open the output files as {spec['user']}: {exc}") from None
+    finally:
+        theirs.close()
+        ours.close()
+    if msg != b"ok" or len(fds) != len(paths):
+        for fd in fds:
+            os.close(fd)
+        raise LaunchFailed(msg.decode(errors="replace") or "cannot open the output files")
+    for fd in fds:
+        os.set_inheritable(fd, False)
+    return [_check_opened(fd, path) for fd, path in zip(fds, paths, strict=True)]
 
 
 def _exec_reason(exc: OSError, spec: dict[str, Any]) -> str:
     if exc.filename == spec["workdir"]:
         return f"cannot enter working directory {spec['workdir']}: {exc.strerror}"
     return f"cannot execute {spec['command'][0]!r}: {exc.strerror}"
+
+
+def _runs_as_other_user(spec: dict[str, Any]) -> bool:
+    return "uid" in spec and spec["uid"] != os.getuid()
 
 
 def _readers(out: int, err: int) -> dict[str, int]:
@@ -106,11 +169,14 @@ class Launcher:
         """Start every task. On a failure the started ones are killed by the caller."""
         fds: list[int] = []
         try:
-            out = _open_output(spec["output"])
-            fds.append(out)
-            err = out if spec["error"] == spec["output"] else _open_output(spec["error"])
-            if err != out:
-                fds.append(err)
+            paths = [spec["output"]] if spec["error"] == spec["output"] else [
+                spec["output"], spec["error"]]
+            if _runs_as_other_user(spec):
+                fds = _open_outputs_as(spec, paths)
+            else:
+                for path in paths:
+                    fds.append(_open_output(path))
+            out, err = fds[0], fds[-1]
         except LaunchFailed as exc:
             for fd in fds:
                 os.close(fd)
@@ -146,9 +212,14 @@ class Launcher:
         if self.prepare is not None:
             extra, pass_fds = self.prepare(task.rank)
             env.update(extra)
+        who: dict[str, Any] = {}
+        if _runs_as_other_user(spec):
+            who = {"user": spec["uid"], "group": spec["gid"], "extra_groups": spec["groups"]}
+            env.update(HOME=spec["home"], USER=spec["user"], LOGNAME=spec["user"])
         try:
             proc = subprocess.Popen(
                 spec["command"],
+                **who,
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=err,
