@@ -118,6 +118,7 @@ def build_parser() -> Parser:
     s.add_argument("--error")
     s.add_argument("--workdir")
     s.add_argument("--env", type=env_pair, action="append", default=[])
+    s.add_argument("--user", help="run the tasks as this user (an agent running as root only)")
     s.add_argument("--pmi", choices=["none", "pmi1", "pmi2"], default="none",
                    help="serve PMI to the ranks from the step's supervisor (MPI jobs)")
     s.add_argument("--wait", action="store_true")
@@ -222,7 +223,7 @@ def cmd_submit(layout: Layout, ns: argparse.Namespace) -> int:
     workdir = os.path.abspath(ns.workdir or os.getcwd())
     args = {"command": command, "cpus": ns.cpus, "gpus": ns.gpus, "memory_mb": ns.memory_mb,
             "ntasks": ns.ntasks, "workdir": workdir, "env": env, "pmi": ns.pmi}
-    for key in ("name", "output", "error"):
+    for key in ("name", "output", "error", "user"):
         if getattr(ns, key) is not None:
             args[key] = getattr(ns, key)
     job = agent_call(layout, "submit", args)
