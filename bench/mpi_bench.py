@@ -21,6 +21,9 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from bench.cleanup import kill_tree  # noqa: E402
+
 TETHER = [sys.executable, "-m", "cli.main"]
 
 
@@ -70,14 +73,7 @@ def main() -> int:
         agent.send_signal(signal.SIGTERM)
         agent.wait()
         log.close()
-        for name in os.listdir("/proc"):
-            if name.isdigit():
-                try:
-                    with open(f"/proc/{name}/cmdline", "rb") as f:
-                        if state.encode() in f.read():
-                            os.kill(int(name), signal.SIGKILL)
-                except OSError:
-                    pass
+        kill_tree(state)
         shutil.rmtree(base, ignore_errors=True)
     summary = {k: {"median_ms": round(statistics.median(v), 1), "min_ms": round(min(v), 1),
                    "max_ms": round(max(v), 1), "runs": len(v)} for k, v in results.items()}

@@ -28,6 +28,9 @@ import zmq
 from shared import protocol
 from shared.client import Client, configure
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from bench.cleanup import kill_tree  # noqa: E402
+
 TETHER = [sys.executable, "-m", "cli.main"]
 
 
@@ -124,14 +127,7 @@ def main() -> int:
         agent.send_signal(signal.SIGTERM)
         agent.wait()
         log.close()
-        for name in os.listdir("/proc"):
-            if name.isdigit():
-                try:
-                    with open(f"/proc/{name}/cmdline", "rb") as f:
-                        if state.encode() in f.read():
-                            os.kill(int(name), signal.SIGKILL)
-                except OSError:
-                    pass
+        kill_tree(state)
         shutil.rmtree(base, ignore_errors=True)
     if ns.json:
         print(json.dumps(result))
