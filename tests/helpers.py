@@ -14,8 +14,8 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from shared import records
-from shared.paths import Layout
-from shared.procid import all_processes, proc_stat
+from shared.paths import Layout, RunDir
+from shared.procid import ProcId, all_processes, proc_stat
 
 T = TypeVar("T")
 
@@ -123,6 +123,20 @@ class Node:
         res = self.cli("wait", str(job_id), "--timeout", str(timeout), timeout=timeout + 30)
         assert res.returncode != 124, f"job {job_id} did not end in {timeout}s\n{self.logs()}"
         return self.job(job_id)
+
+    def end_while_down_then_kill_supervisor(self, exit_code: int) -> RunDir:
+        """Run ``exit CODE`` to its exit record with the agent SIGKILLed, then SIGKILL the
+        supervisor before anyone acknowledged it: only the sentinel knows the result."""
+        self.start()
+        job = self.submit("sh", "-c", f"sleep 0.5; exit {exit_code}")
+        self.wait_state(job, ("running",))
+        rd = self.layout.run_dir(job, 1)
+        self.stop(signal.SIGKILL)
+        poll_until(lambda: os.path.exists(rd.sentinel), 30, "the exit record")
+        sup = ProcId.from_dict(records.read_manifest(rd.manifest)["supervisor"])
+        os.kill(sup.pid, signal.SIGKILL)
+        poll_until(lambda: not sup.alive(), 10, "the supervisor to die")
+        return rd
 
     # ---- what is on disk and in /proc -------------------------------------------------------
 

@@ -83,16 +83,8 @@ def test_after_a_reboot_unfinished_steps_are_lost_and_finished_ones_stand(node: 
 
 
 def test_sentinel_from_before_a_reboot_gives_the_true_result(node: Node) -> None:
+    rd = node.end_while_down_then_kill_supervisor(6)
+    _simulate_reboot(node, rd.job)
     node.start()
-    job = node.submit("sh", "-c", "sleep 0.5; exit 6")
-    node.wait_state(job, ("running",))
-    rd = node.layout.run_dir(job, 1)
-    node.stop(signal.SIGKILL)
-    poll_until(lambda: os.path.exists(rd.sentinel), 30, "the exit record")
-    sup = ProcId.from_dict(records.read_manifest(rd.manifest)["supervisor"])
-    os.kill(sup.pid, signal.SIGKILL)
-    poll_until(lambda: not sup.alive(), 10, "supervisor death")
-    _simulate_reboot(node, job)
-    node.start()
-    j = node.job(job)
+    j = node.job(rd.job)
     assert (j["state"], j["exit_code"]) == ("failed", 6)

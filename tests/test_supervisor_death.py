@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import signal
 
-from shared import records
 from shared.procid import ProcId
 from tests.helpers import Node, poll_until
 
@@ -44,35 +43,19 @@ def test_supervisor_killed_while_agent_down_is_lost_at_restart(node: Node) -> No
 
 
 def test_supervisor_killed_after_exit_record_gives_true_result(node: Node) -> None:
+    rd = node.end_while_down_then_kill_supervisor(3)
     node.start()
-    job = node.submit("sh", "-c", "sleep 0.5; exit 3")
-    node.wait_state(job, ("running",))
-    rd = node.layout.run_dir(job, 1)
-    node.stop(signal.SIGKILL)
-    poll_until(lambda: os.path.exists(rd.sentinel), 30, "the exit record")
-    sup = ProcId.from_dict(records.read_manifest(rd.manifest)["supervisor"])
-    os.kill(sup.pid, signal.SIGKILL)
-    poll_until(lambda: not sup.alive(), 10, "the supervisor to die")
-    node.start()
-    j = node.job(job)
+    j = node.job(rd.job)
     assert (j["state"], j["exit_code"]) == ("failed", 3)
     assert not os.path.exists(rd.path)
 
 
 def test_tampered_sentinel_is_not_trusted(node: Node) -> None:
-    node.start()
-    job = node.submit("sh", "-c", "sleep 0.5; exit 3")
-    node.wait_state(job, ("running",))
-    rd = node.layout.run_dir(job, 1)
-    node.stop(signal.SIGKILL)
-    poll_until(lambda: os.path.exists(rd.sentinel), 30, "the exit record")
-    sup = ProcId.from_dict(records.read_manifest(rd.manifest)["supervisor"])
-    os.kill(sup.pid, signal.SIGKILL)
-    poll_until(lambda: not sup.alive(), 10, "the supervisor to die")
+    rd = node.end_while_down_then_kill_supervisor(3)
     os.unlink(rd.sentinel)
     os.symlink("/etc/passwd", rd.sentinel)
     node.start()
-    j = node.job(job)
+    j = node.job(rd.job)
     assert j["state"] == "lost"
     assert "unusable exit record" in j["reason"]
 
