@@ -1,24 +1,29 @@
 """The ``tether`` command line. Errors are one line on stderr and a non-zero exit.
 
 Exit codes: 0 success; 1 an error (no agent, unknown job, refused request); 2 bad usage;
-``wait`` exits with the job's own code, 128+N for signal N, and 124 on timeout.
+``wait`` exits with the job's own code, 128+N for signal N, and 124 on timeout; 130 when
+interrupted (Ctrl-C; ``attach`` detaches and the job keeps running).
+
+``inspect``, ``attach`` and ``signal`` talk to the job's supervisor directly
+(``shared.step_client``), never to the agent.
 """
 
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 import os
 import re
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, NoReturn
 
-from shared import protocol
 from shared.client import Client, probe_unix
 from shared.errors import RemoteError, TetherError, Unreachable
 from shared.paths import Layout, default_state_dir
+from shared.step_client import StepClient, SupervisorGone, connect, parse_signal
 
 EXIT_ERROR = 1
 EXIT_USAGE = 2
@@ -133,7 +138,25 @@ def build_parser() -> Parser:
     c.add_argument("job", type=job_id)
     i = common("inspect", "ask the job's supervisor directly (works while the agent is down)")
     i.add_argument("job", type=job_id)
-    i.add_argument("--pmi", action="store_true", help="show the step's PMI state")
+    what = i.add_mutually_exclusive_group()
+    what.add_argument("--pmi", action="store_true", help="show the step's PMI state")
+    what.add_argument("--pids", action="store_true",
+                      help="every task and every other process of the step")
+    what.add_argument("--stats", action="store_true",
+                      help="CPU time, current and peak memory, elapsed time")
+    what.add_argument("--output", action="store_true",
+                      help="the last lines of the step's stdout and stderr")
+    what.add_argument("--events", action="store_true",
+                      help="the step's events so far (tasks started and exited, step ended)")
+    i.add_argument("--lines", type=non_negative, help="with --output: how many (default 10)")
+    at = common("attach", "print the step's output so far, then follow it until the step "
+                "ends (Ctrl-C detaches)", json_flag=False)
+    at.add_argument("job", type=job_id)
+    sg = common("signal", "send a signal to the step's tasks (each task's process group)",
+                json_flag=False)
+    sg.add_argument("job", type=job_id)
+    sg.add_argument("signal", help="a name (TERM, SIGTERM, usr1) or a number")
+    sg.add_argument("--rank", type=non_negative, help="only this task (default: every task)")
     return p
 
 
@@ -152,16 +175,20 @@ def agent_call(layout: Layout, kind: str, args: dict[str, Any] | None = None,
             raise CliError(f"the agent did not answer: {exc.message}") from None
 
 
-def supervisor_path(layout: Layout, job: int) -> str:
-    attempts = []
-    for path in glob.glob(os.path.join(layout.run_root, f"{job}.*")):
-        tail = path.rsplit(".", 1)[1]
-        if tail.isdigit():
-            attempts.append((int(tail), path))
-    if not attempts:
-        raise CliError(f"job {job} has no supervisor on this node (not running, or already "
-                       "collected: try 'tether show')")
-    return os.path.join(max(attempts)[1], "sock")
+@contextmanager
+def supervisor_errors(job: int) -> Iterator[None]:
+    """A vanished or silent supervisor as one CLI error line."""
+    try:
+        yield
+    except SupervisorGone as exc:
+        raise CliError(exc.message) from None
+    except Unreachable as exc:
+        raise CliError(f"job {job}: {exc.message}") from None
+
+
+def open_step(layout: Layout, job: int) -> StepClient:
+    with supervisor_errors(job):
+        return connect(job, state_dir=layout.state_dir, timeout=5.0)
 
 
 # ---- commands -----------------------------------------------------------------------------
@@ -296,18 +323,28 @@ def cmd_cancel(layout: Layout, ns: argparse.Namespace) -> int:
 
 
 def cmd_inspect(layout: Layout, ns: argparse.Namespace) -> int:
-    path = supervisor_path(layout, ns.job)
-    why = probe_unix(path)
-    if why is not None:
-        raise CliError(f"job {ns.job}: its supervisor is not answering at {path} ({why})")
-    with Client(path, timeout=5.0) as client:
-        try:
-            client.call("hello", {"versions": sorted(protocol.SUPPORTED_VERSIONS)})
-            st = client.call("pmi" if ns.pmi else "state")
-        except Unreachable as exc:
-            raise CliError(f"job {ns.job}: {exc.message}") from None
+    if ns.lines is not None and not ns.output:
+        raise CliError("inspect: --lines goes with --output", EXIT_USAGE)
+    info: dict[str, Any] | None = None
+    with open_step(layout, ns.job) as step, supervisor_errors(ns.job):
+        if ns.pids:
+            return show_pids(step.pids(), ns.json)
+        if ns.stats:
+            return show_stats(step.stats(), ns.json)
+        if ns.output:
+            lines = 10 if ns.lines is None else ns.lines
+            return show_output(step.call("output", {"lines": lines}), ns.json)
+        if ns.events:
+            return show_events(step, ns.json)
+        st = step.pmi() if ns.pmi else step.state()
+        if not ns.pmi:
+            try:  # shown too when the caller may see it (the owner, root, the agent)
+                info = step.info()
+            except RemoteError as exc:  # not allowed, or a supervisor older than `info`
+                if exc.code not in ("permission_denied", "unknown_kind"):
+                    raise
     if ns.json:
-        print(json.dumps(st))
+        print(json.dumps(st if info is None else dict(st, info=info)))
         return 0
     if ns.pmi:
         print(f"{st['kind']} job {st['jobid']}: {st['size']} ranks, epoch {st['epoch']}, "
@@ -326,6 +363,132 @@ def cmd_inspect(layout: Layout, ns: argparse.Namespace) -> int:
         print(f"{key:<15}{'' if value is None else value}")
     if st.get("exit"):
         print(f"{'exit':<15}{fmt_exit(st['exit'])} {st['exit'].get('reason') or ''}".rstrip())
+    if info is not None:
+        user = f"{info['user'] or '?'} (uid {info['uid']})"
+        rows = [("name", info["name"]), ("command", " ".join(info["command"])), ("user", user),
+                ("workdir", info["workdir"]), ("ntasks", info["ntasks"]),
+                ("cpus", " ".join(str(c) for c in info["cpus"])),
+                ("gpus", " ".join(str(g) for g in info["gpus"])),
+                ("memory_mb", info["memory_mb"]), ("output", info["output"]),
+                ("error", info["error"]), ("pmi", info["pmi"]),
+                ("version", f"{info['version']} (protocol {info['protocol']})")]
+        for key, value in rows:
+            print(f"{key:<15}{'' if value is None else value}")
+    return 0
+
+
+def task_status(t: dict[str, Any]) -> str:
+    if t["alive"]:
+        return "alive"
+    if t.get("signal") is not None:
+        return f"killed by signal {t['signal']}"
+    if t.get("exit_code") is not None:
+        return f"exited {t['exit_code']}"
+    return t.get("reason") or "not started"
+
+
+def show_pids(res: dict[str, Any], as_json: bool) -> int:
+    if as_json:
+        print(json.dumps(res))
+        return 0
+    print(f"{'RANK':<6}{'PID':<9}STATUS")
+    for t in res["tasks"]:
+        print(f"{t['rank']:<6}{t['pid'] or '-':<9}{task_status(t)}")
+    if res["processes"]:
+        print(f"\n{'PID':<9}{'PPID':<9}{'RANK':<6}{'STATE':<6}COMMAND")
+        for p in res["processes"]:
+            rank = "-" if p["rank"] is None else p["rank"]
+            note = "  (adopted by the supervisor)" if p["adopted"] else ""
+            print(f"{p['pid']:<9}{p['ppid']:<9}{rank!s:<6}{p['state']:<6}{p['comm']}{note}")
+    if res.get("truncated"):
+        print("(more processes not shown)")
+    return 0
+
+
+def show_stats(res: dict[str, Any], as_json: bool) -> int:
+    if as_json:
+        print(json.dumps(res))
+        return 0
+    print(f"{'RANK':<9}{'PID':<9}{'USER_S':>9}{'SYS_S':>9}{'RSS_KB':>11}{'PEAK_KB':>11}"
+          f"{'ELAPSED_S':>11}  STATUS")
+
+    def row(label: str, pid: Any, u: dict[str, Any], status: str) -> None:
+        elapsed = "" if u.get("elapsed") is None else f"{u['elapsed']:.2f}"
+        print(f"{label:<9}{pid!s:<9}{u['cpu_user']:>9.2f}{u['cpu_system']:>9.2f}"
+              f"{u['rss_kb']:>11}{u['peak_rss_kb']:>11}{elapsed:>11}  {status}".rstrip())
+    for t in res["tasks"]:
+        row(str(t["rank"]), t["pid"] or "-", t, "alive" if t["alive"] else "ended")
+    if res["adopted"]["processes"]:
+        row("adopted", "-", res["adopted"], f"{res['adopted']['processes']} process(es)")
+    row("total", "-", res["total"], "")
+    return 0
+
+
+def show_output(res: dict[str, Any], as_json: bool) -> int:
+    streams = [name for name in ("stdout", "stderr") if name in res]
+    if as_json:
+        print(json.dumps({name: dict(res[name], data=res[name]["data"].decode(
+            errors="replace")) for name in streams}))
+        return 0
+    for name in streams:
+        out = sys.stdout if name == "stdout" else sys.stderr
+        out.flush()
+        out.buffer.write(res[name]["data"])
+        out.buffer.flush()
+    return 0
+
+
+def show_events(step: StepClient, as_json: bool) -> int:
+    events: list[dict[str, Any]] = []
+    while True:  # pages of at most 1000; hold 0: what there is now
+        res = step.call("events", {"after": len(events)})
+        events.extend(res["events"])
+        if not res["events"]:
+            break
+    if as_json:
+        print(json.dumps({"events": events, "ended": res["ended"]}))
+        return 0
+    for e in events:
+        extra = " ".join(f"{k}={e[k]}" for k in ("rank", "pid", "state", "exit_code", "signal",
+                                                  "reason") if e.get(k) is not None)
+        print(f"{e['seq']:<6}{e['time']}  {e['kind']:<13} {extra}".rstrip())
+    return 0
+
+
+def cmd_attach(layout: Layout, ns: argparse.Namespace) -> int:
+    outs = {"stdout": sys.stdout.buffer, "stderr": sys.stderr.buffer}
+    warned = False
+    with open_step(layout, ns.job) as step, supervisor_errors(ns.job):
+        offsets: dict[str, int] = {}
+        while True:
+            try:
+                for name, data in step.follow_output(offsets=offsets):
+                    outs[name].write(data)
+                    outs[name].flush()
+            except Unreachable as exc:  # alive but silent (stopped?): keep trying
+                offsets = dict(step.offsets)
+                if not warned:
+                    print(f"tether: job {ns.job}: {exc.message}; still trying", file=sys.stderr,
+                          flush=True)
+                    warned = True
+                continue
+            except BrokenPipeError:  # our reader went away: detach quietly
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+                return 0
+            break
+        if step.fell_back and step.last_phase not in ("exited", "aborted"):
+            print(f"tether: job {ns.job}: its supervisor went away before the step ended; "
+                  "the output was read to the end of its files", file=sys.stderr)
+    return 0
+
+
+def cmd_signal(layout: Layout, ns: argparse.Namespace) -> int:
+    try:
+        num = parse_signal(ns.signal)
+    except ValueError as exc:
+        raise CliError(f"signal: {exc}", EXIT_USAGE) from None
+    with open_step(layout, ns.job) as step, supervisor_errors(ns.job):
+        step.signal(num, ns.rank)
     return 0
 
 
@@ -356,7 +519,8 @@ def cmd_agent(state_dir: str, ns: argparse.Namespace) -> int:
 
 COMMANDS = {
     "status": cmd_status, "submit": cmd_submit, "list": cmd_list, "show": cmd_show,
-    "wait": cmd_wait, "cancel": cmd_cancel, "inspect": cmd_inspect,
+    "wait": cmd_wait, "cancel": cmd_cancel, "inspect": cmd_inspect, "attach": cmd_attach,
+    "signal": cmd_signal,
 }
 
 

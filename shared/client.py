@@ -12,6 +12,7 @@ import itertools
 import os
 import socket
 import time
+from collections.abc import Callable
 from typing import Any
 
 import zmq
@@ -87,8 +88,14 @@ class Client:
         self.close()
 
     def call(self, kind: str, args: dict[str, Any] | None = None, *,
-             timeout: float | None = None) -> Any:
-        """Send one request; return its result or raise RemoteError / Unreachable."""
+             timeout: float | None = None, watch: Callable[[], None] | None = None,
+             watch_interval: float = 0.25) -> Any:
+        """Send one request; return its result or raise RemoteError / Unreachable.
+
+        ``watch``, if given, is called every ``watch_interval`` seconds while the reply is
+        awaited (a long poll, say); whatever it raises abandons the request (the socket is
+        closed, as after a timeout) and propagates.
+        """
         budget = self.timeout if timeout is None else timeout
         rid = self._prefix + next(self._ids)
         sock = self._socket()
@@ -103,9 +110,19 @@ class Client:
             raise Unreachable(f"cannot send {kind!r} to {self.path}: {exc}") from None
         while True:
             left = deadline - time.monotonic()
-            if left <= 0 or not sock.poll(int(left * 1000) + 1, zmq.POLLIN):
+            if left <= 0:
                 self.close()
                 raise Unreachable(f"no reply to {kind!r} from {self.path} within {budget:g}s")
+            if watch is not None and left > watch_interval:
+                if not sock.poll(int(watch_interval * 1000), zmq.POLLIN):
+                    try:
+                        watch()
+                    except BaseException:
+                        self.close()
+                        raise
+                    continue
+            elif not sock.poll(int(left * 1000) + 1, zmq.POLLIN):
+                continue  # the deadline check above gives up
             try:
                 reply = protocol.decode_reply(sock.recv(zmq.NOBLOCK))
             except zmq.Again:

@@ -14,6 +14,13 @@ Races this loop is built around:
   task is gone, every remaining child is killed by pid, which is safe because an unreaped child's
   pid cannot be reused.
 - The exit record is durable (fsync, rename) before anyone is told the step ended.
+
+Followers (the ``output`` and ``events`` long polls). An event wakes its waiters at once
+(``on_event``). Output growth has no kernel wake-up here, so the files' sizes are checked every
+``FOLLOW_POLL`` seconds, and only while some follower is parked: nobody following, no timer.
+When the step ends every parked follower is answered. An ``ack`` does not end the process while
+a follower is still reading (parked, or answered without ``ended`` within ``STREAM_IDLE``): the
+supervisor stays, at most ``ACK_LINGER`` seconds, so that followers can read to the end.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ import shutil
 import signal
 import socket
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 import zmq
@@ -35,7 +43,7 @@ from shared.errors import LaunchError, TetherError
 from shared.paths import RunDir
 from shared.procid import ProcId, all_processes
 from shared.timers import Timer, Timers, rfc3339_now
-from supervisor import handlers
+from supervisor import handlers, introspect
 from supervisor.launch import Launcher, LaunchFailed
 from supervisor.pmi import Abort, Broken, Finalized, Output, PmiServer, ProtocolError, Send
 from supervisor.pmi_io import PmiChannels, clean_env
@@ -48,11 +56,38 @@ DRAIN_TIMEOUT = 10.0
 #: How long the final reply (to ack) may take to leave before the socket is dropped.
 CLOSE_LINGER_MS = 1000
 MAX_HOLD = 600.0
+#: How often parked output followers' files are checked for growth (only while any is parked).
+FOLLOW_POLL = 0.05
+#: The longest an acknowledged supervisor stays up for followers still reading.
+ACK_LINGER = 5.0
+#: A follower answered without ``ended`` counts as still reading for this long.
+STREAM_IDLE = 2.0
 TERMINATING = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 IGNORED_SIGNALS = (signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 
 
 now_rfc3339 = rfc3339_now
+
+
+@dataclass(eq=False)
+class Follower:
+    """A parked ``output`` follow request."""
+
+    peer: wire.Peer
+    rid: protocol.RequestId
+    streams: tuple[str, ...]
+    offsets: dict[str, int]
+    timer: Timer | None = field(default=None)
+
+
+@dataclass(eq=False)
+class EventWaiter:
+    """A parked ``events`` request."""
+
+    peer: wire.Peer
+    rid: protocol.RequestId
+    after: int
+    timer: Timer | None = field(default=None)
 
 
 class Supervisor:
@@ -87,6 +122,16 @@ class Supervisor:
         self.drain_timer: Timer | None = None
         self.claim_timer: Timer | None = None
         self.router: zmq.Socket[Any] | None = None
+        self.followers: list[Follower] = []
+        self.event_waiters: list[EventWaiter] = []
+        self.follow_timer: Timer | None = None
+        #: (routing id, verb) -> when a follower was last answered without ``ended``
+        self.streams: dict[tuple[bytes, str], float] = {}
+        #: the output files' sizes when the step ended: what ``ended`` means for followers
+        self.final_sizes: dict[str, int] | None = None
+        #: rank -> CLOCK_BOOTTIME seconds when the task was reaped (for ``stats``' elapsed)
+        self.task_end_boottime: dict[int, float] = {}
+        self.ack_deadline: float | None = None
 
     # ---- loop ------------------------------------------------------------------------------
 
@@ -318,7 +363,26 @@ class Supervisor:
 
     def acknowledged(self) -> None:
         self.remove_rundir = True
+        if self.ack_deadline is not None:
+            return  # already lingering for followers
+        if self.streams_active():
+            log.info("acknowledged; staying up to %gs while followers read to the end",
+                     ACK_LINGER)
+            self.ack_deadline = time.monotonic() + ACK_LINGER
+            self.timers.at(time.monotonic() + FOLLOW_POLL, self.ack_linger_check)
+            return
         self.running = False
+
+    def ack_linger_check(self) -> None:
+        assert self.ack_deadline is not None
+        if not self.streams_active():
+            self.running = False
+        elif time.monotonic() >= self.ack_deadline:
+            log.warning("followers still reading %gs after the acknowledgement; exiting",
+                        ACK_LINGER)
+            self.running = False
+        else:
+            self.timers.at(time.monotonic() + FOLLOW_POLL, self.ack_linger_check)
 
     def terminate(self, *, grace: float, cancel: bool, why: str) -> None:
         phase = self.step.phase
@@ -451,9 +515,122 @@ class Supervisor:
         self.on_event(event)
 
     def on_event(self, event: dict[str, Any]) -> None:
-        """Hook for subscribers of the ``events`` verb."""
+        """Wake the ``events`` verb's waiters; at the step's end, every follower."""
+        if event["kind"] == "task_exited":
+            self.task_end_boottime[int(event["rank"])] = introspect.boottime()
+        if event["kind"] == "step_ended":
+            self.step_over()
+        else:
+            self.wake_event_waiters()
+
+    def step_over(self) -> None:
+        """The step has ended (or was aborted): fix the output's final sizes, answer everyone
+        parked. Idempotent."""
+        if self.final_sizes is None:
+            try:
+                self.final_sizes = handlers.stream_sizes(self)
+            except OSError as exc:
+                log.error("cannot stat the output files: %s", exc)
+                self.final_sizes = {}
+        self.wake_followers(force=True)
+        self.wake_event_waiters(force=True)
+
+    # ---- followers (output and events long polls) ---------------------------------------------
+
+    def note_stream(self, peer: wire.Peer, verb: str, ended: bool) -> None:
+        """A follower was answered: it is still reading unless it was told ``ended``."""
+        key = (peer.routing_id, verb)
+        if ended:
+            self.streams.pop(key, None)
+        else:
+            self.streams[key] = time.monotonic()
+            if len(self.streams) > 64:
+                self.prune_streams()
+
+    def prune_streams(self) -> None:
+        """Forget followers that went quiet (detached, or gone without reading to the end)."""
+        now = time.monotonic()
+        for key, seen in list(self.streams.items()):
+            if now - seen > STREAM_IDLE:
+                del self.streams[key]
+
+    def streams_active(self) -> bool:
+        """Is a follower parked, or was one answered without ``ended`` just now?"""
+        self.prune_streams()
+        return bool(self.followers or self.event_waiters or self.streams)
+
+    def add_follower(self, peer: wire.Peer, rid: protocol.RequestId, streams: tuple[str, ...],
+                     offsets: dict[str, int], hold: float) -> None:
+        f = Follower(peer, rid, streams, offsets)
+
+        def expire() -> None:
+            if f in self.followers:
+                self.followers.remove(f)
+                self.answer_follower(f)
+        f.timer = self.timers.at(time.monotonic() + min(hold, MAX_HOLD), expire)
+        self.followers.append(f)
+        if self.follow_timer is None:
+            self.follow_timer = self.timers.at(time.monotonic() + FOLLOW_POLL, self.follow_tick)
+
+    def follow_tick(self) -> None:
+        self.follow_timer = None
+        self.wake_followers()
+        if self.followers:
+            self.follow_timer = self.timers.at(time.monotonic() + FOLLOW_POLL, self.follow_tick)
+
+    def answer_follower(self, f: Follower, *, force: bool = True) -> bool:
+        """Answer ``f`` if it has news (or ``force``); True if it was answered."""
+        try:
+            res = handlers.follow_result(self, f.streams, f.offsets)
+        except TetherError as exc:  # e.g. the file shrank below the offset
+            reply = protocol.error(f.rid, exc)
+        else:
+            if not force and not handlers.has_news(res):
+                return False
+            self.note_stream(f.peer, "output", bool(res["ended"]))
+            reply = protocol.ok(f.rid, res)
+        if f.timer is not None:
+            f.timer.cancel()
+        self.reply(f.peer, reply)
+        return True
+
+    def wake_followers(self, *, force: bool = False) -> None:
+        """Answer the parked followers that have news (all of them with ``force``)."""
+        self.followers = [f for f in self.followers if not self.answer_follower(f, force=force)]
+        if not self.followers and self.follow_timer is not None:
+            self.follow_timer.cancel()
+            self.follow_timer = None
+
+    def add_event_waiter(self, peer: wire.Peer, rid: protocol.RequestId, after: int,
+                         hold: float) -> None:
+        w = EventWaiter(peer, rid, after)
+
+        def expire() -> None:
+            if w in self.event_waiters:
+                self.event_waiters.remove(w)
+                self.answer_event_waiter(w)
+        w.timer = self.timers.at(time.monotonic() + min(hold, MAX_HOLD), expire)
+        self.event_waiters.append(w)
+
+    def answer_event_waiter(self, w: EventWaiter) -> None:
+        if w.timer is not None:
+            w.timer.cancel()
+        res = handlers.events_result(self, w.after)
+        self.note_stream(w.peer, "events", bool(res["ended"]))
+        self.reply(w.peer, protocol.ok(w.rid, res))
+
+    def wake_event_waiters(self, *, force: bool = False) -> None:
+        keep = []
+        for w in self.event_waiters:
+            res = handlers.events_result(self, w.after)
+            if force or res["events"] or res["ended"]:
+                self.answer_event_waiter(w)
+            else:
+                keep.append(w)
+        self.event_waiters = keep
 
     def release_waiters(self) -> None:
+        self.step_over()
         for peer, rid, timer in self.waiters:
             timer.cancel()
             self.reply(peer, protocol.ok(rid, {"done": True, "record": self.record}))
