@@ -258,7 +258,10 @@ def test_attach_and_inspect_survive_the_agent_dying_and_restarting(node: Node) -
         st = json.loads(node.ok("inspect", str(job), "--json"))
         assert st["state"] == "running" and st["info"]["name"] == "sh"
         assert "RANK" in node.ok("inspect", str(job), "--stats")
+        assert str(st["pids"][0]) in node.ok("inspect", str(job), "--pids")
+        assert node.ok("inspect", str(job), "--output", "--lines", "1").strip()
         node.start()
+        assert str(st["pids"][0]) in node.ok("inspect", str(job), "--pids")
         seen = count_lines(attached)
         poll_until(lambda: count_lines(attached) >= seen + 20, 30,
                    "attach to keep following after the agent restarted")

@@ -230,3 +230,24 @@ def test_user_needs_a_root_agent_and_a_known_user(node: Node) -> None:
     node.start()
     res = node.cli("submit", "--user", "no-such-user-here", "--", "true")
     assert res.returncode == 1 and "no such user" in res.stderr
+
+
+def test_output_is_read_through_the_launch_fd_not_the_path(
+        node: Node, other_user: pwd.struct_passwd) -> None:
+    """The job's user swaps its output file for a link to a root-only file: inspect --output
+    (run as root) still shows the job's own output, never the secret."""
+    work = shared_node(node, OTHER)
+    secret = os.path.join(node.dir, "secret")
+    with open(secret, "w") as f:
+        f.write("TOP SECRET\n")
+    os.chmod(secret, 0o600)
+    node.start()
+    out = os.path.join(work, "o.txt")
+    job = node.submit("sh", "-c", f'echo mine; mv {out} {out}.old; ln -s {secret} {out}; '
+                                  'echo swapped > swapped; sleep 30',
+                      opts=("--user", OTHER, "--workdir", work, "--output", out))
+    poll_until(lambda: os.path.exists(os.path.join(work, "swapped")), 30, "the swap")
+    shown = node.ok("inspect", str(job), "--output", "--lines", "10")
+    assert "mine" in shown and "TOP SECRET" not in shown
+    node.ok("cancel", str(job))
+    node.wait_end(job)
