@@ -129,7 +129,9 @@ def test_allocation_conflict_at_restart_is_not_adopted(make_node: type[Node]) ->
 def test_a_planted_socket_is_refused_and_the_real_supervisor_kept(node: Node) -> None:
     node.start()
     job = node.submit("sh", "-c", "sleep 2; exit 4")
+    beside = node.submit("sh", "-c", "sleep 1; exit 2")
     node.wait_state(job, ("running",))
+    node.wait_state(beside, ("running",))
     rd = node.layout.run_dir(job, 1)
     node.stop(signal.SIGKILL)
     os.rename(rd.sock, rd.sock + ".real")
@@ -140,6 +142,8 @@ def test_a_planted_socket_is_refused_and_the_real_supervisor_kept(node: Node) ->
         node.start()
         j = node.job(job)
         assert j["state"] == "running", "the agent believed a planted socket"
+        b = node.wait_end(beside)  # the real supervisor beside it is adopted as usual
+        assert (b["state"], b["exit_code"]) == ("failed", 2)
         with open(node.agent_logs[-1]) as f:
             assert "impostor" in f.read()
     finally:
