@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from shared.procid import start_ticks
-from supervisor.step import Step, Task
+from supervisor.step import Step, Task, bounded
 
 log = logging.getLogger(__name__)
 
@@ -53,8 +53,10 @@ def task_env(spec: dict[str, Any], rank: int) -> dict[str, str]:
     return env
 
 
+#: O_NONBLOCK so that a FIFO at an output path fails at once (ENXIO: no reader) instead of
+#: blocking the supervisor; it is cleared again once the fd is known to be a file or device.
 _OUTPUT_FLAGS = (os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND | os.O_NOFOLLOW
-                 | os.O_CLOEXEC)
+                 | os.O_CLOEXEC | os.O_NONBLOCK)
 
 #: Run as the job's user (python -S -c): opens each output path with that user's rights and
 #: O_NOFOLLOW, and hands the fds back over SCM_RIGHTS on the socket whose number is argv[1].
@@ -79,6 +81,7 @@ def _check_opened(fd: int, path: str) -> int:
     if not (stat.S_ISREG(st.st_mode) or stat.S_ISCHR(st.st_mode)):
         os.close(fd)
         raise LaunchFailed(f"output file {path} is not a regular file")
+    os.set_blocking(fd, True)
     return fd
 
 
@@ -143,7 +146,7 @@ def _skip_rest(step: Step, why: str) -> None:
     for task in step.tasks:
         if not task.pid and not task.done:
             task.done = True
-            task.reason = f"not started: {why}"
+            task.reason = bounded(f"not started: {why}")
 
 
 #: Per-rank additions: (environment, fds to pass) before the fork, and a call after it.

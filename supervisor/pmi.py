@@ -5,8 +5,8 @@ Theory of operation
 -------------------
 The supervisor is the real parent of a step's ranks and the only process that can serve their
 PMI: MPICH's client never reconnects, so the server must live as long as the ranks do
-(docs: shared/notes/pmi.md section 7). The I/O layer owns one socketpair per rank (PMI_FD) and
-the reaper. It drives this module with two calls and acts on what they return, in order:
+(docs/pmi.md). The I/O layer owns one socketpair per rank (PMI_FD) and the reaper. It
+drives this module with two calls and acts on what they return, in order:
 
     feed(rank, data)          bytes read from that rank's PMI fd, split anywhere
     rank_exited(rank, ok)     the reaper saw that rank's process end

@@ -443,10 +443,15 @@ class Supervisor:
             if isinstance(o, Send):
                 self.channels.send(o)
             elif isinstance(o, Abort):
+                # An abort is a failure whatever code it names: a code outside 1..255 would
+                # read as success (0) or be cut to 8 bits by a shell; it becomes 1.
+                code = o.code if 1 <= o.code <= 255 else 1
                 self.pmi_failure(f"rank {o.rank} called PMI abort with exit code {o.code}"
-                                 + (f": {o.message}" if o.message else ""), o.code)
+                                 + (f": {o.message}" if o.message else ""), code)
             elif isinstance(o, ProtocolError):
-                self.pmi_failure(f"rank {o.rank} broke the PMI protocol: {o.message}", None)
+                msg = o.message if o.message.startswith(f"rank {o.rank} ") else (
+                    f"rank {o.rank}: {o.message}")
+                self.pmi_failure(f"PMI protocol error: {msg}", None)
             elif isinstance(o, Broken):
                 self.pmi_failure(o.message, None)
             elif isinstance(o, Finalized):
@@ -463,8 +468,10 @@ class Supervisor:
         if live:
             log.warning("%s: killing ranks %s", why,
                         [t.rank for t in self.step.tasks if t.pid in live])
-        for pid in live:
-            _killpg(pid, signal.SIGKILL)
+        for task in self.step.tasks:
+            if task.pid in live:
+                task.killed_by_step = True
+                _killpg(task.pid, signal.SIGKILL)
 
     # ---- records ---------------------------------------------------------------------------
 

@@ -39,6 +39,15 @@ class PhaseError(RuntimeError):
     pass
 
 
+#: Longest reason kept per task and per step: the exit record must stay far below one frame
+#: even with a thousand tasks (a reason may quote a 128 KiB command).
+MAX_REASON = 300
+
+
+def bounded(text: str) -> str:
+    return text if len(text) <= MAX_REASON else text[:MAX_REASON - 3] + "..."
+
+
 def signal_name(num: int) -> str:
     try:
         return str(signal.Signals(num).name)
@@ -59,6 +68,8 @@ class Task:
     maxrss_kb: int = 0
     reason: str | None = None
     done: bool = False
+    #: the supervisor itself killed it (ending a failed PMI step): its SIGKILL is not the story
+    killed_by_step: bool = False
 
     def record_status(self, status: int, rusage: Any | None) -> None:
         if os.WIFSIGNALED(status):
@@ -72,7 +83,7 @@ class Task:
         self.done = True
 
     def record_launch_failure(self, reason: str) -> None:
-        self.exit_code, self.reason, self.done = 127, reason, True
+        self.exit_code, self.reason, self.done = 127, bounded(reason), True
 
     @property
     def failed(self) -> bool:
@@ -122,7 +133,7 @@ class Step:
         return True
 
     def note_exit(self, task: Task) -> None:
-        if task.failed and self.first_failure is None:
+        if task.failed and self.first_failure is None and not task.killed_by_step:
             self.first_failure = task
 
     @property
@@ -178,4 +189,4 @@ class Step:
         elif self.terminated_by:
             reason = self.terminated_by + (f"; {reason}" if reason else "")
         return {"state": state, "launched": True, "exit_code": exit_code, "signal": sig,
-                "reason": reason}
+                "reason": None if reason is None else bounded(reason)}

@@ -130,3 +130,44 @@ def test_a_rank_exiting_0_without_pmi_breaks_the_barrier(node: Node,
     assert j["state"] == "failed"
     assert "rank 1" in j["reason"], j["reason"]
     assert node.supervisor_pids() == []
+
+
+def test_a_broken_pmi_stream_fails_without_blaming_the_killed_rank(node: Node) -> None:
+    """Rank 0 speaks garbage on PMI_FD; the step ends failed with that reason, and the ranks
+    the supervisor killed to end it are not reported as the cause (no SIGKILL result)."""
+    node.start()
+    # (bash: dash cannot redirect to an fd number above 9, and PMI_FD usually is one)
+    job = node.submit("bash", "-c", 'if [ "$PMI_RANK" = 0 ]; then head -c 70000 /dev/zero | '
+                                    'tr "\\0" x >&$PMI_FD; fi; sleep 30',
+                      opts=("--ntasks", "2", "--pmi", "pmi1"))
+    j = node.wait_end(job, timeout=20)
+    assert j["state"] == "failed" and j["signal"] is None, j
+    assert "PMI" in j["reason"]
+
+
+def test_mpi_abort_with_code_0_is_still_a_failure(node: Node, programs: dict[str, str]) -> None:
+    node.start()
+    res = node.cli("submit", "--wait", "--ntasks", "2", "--pmi", "pmi1", "--", "bash", "-c",
+                   'if [ "$PMI_RANK" = 1 ]; then printf "cmd=init pmi_version=1 '
+                   'pmi_subversion=1\\ncmd=abort exitcode=0\\n" >&$PMI_FD; fi; sleep 30')
+    assert res.returncode == 1, res
+    j = node.job(int(res.stdout.split()[0]))
+    assert (j["state"], j["exit_code"]) == ("failed", 1)
+
+
+def test_a_fifo_as_output_fails_the_launch_instead_of_hanging(node: Node) -> None:
+    node.start()
+    fifo = os.path.join(node.work, "fifo")
+    os.mkfifo(fifo)
+    job = node.submit("true", opts=("--output", fifo))
+    j = node.wait_end(job, timeout=20)
+    assert (j["state"], j["exit_code"]) == ("failed", 127)
+    assert "cannot open output file" in j["reason"]
+
+
+def test_exit_record_stays_small_with_a_long_command(node: Node) -> None:
+    node.start()
+    job = node.submit("/nonexistent/" + "x" * 100_000, opts=("--ntasks", "4"))
+    j = node.wait_end(job, timeout=20)
+    assert (j["state"], j["exit_code"]) == ("failed", 127)
+    assert len(j["reason"]) <= 300

@@ -657,7 +657,7 @@ def test_pmi2_puts_become_visible_to_all_at_the_fence() -> None:
 
 
 def test_mpich_402_wire_up_transcript() -> None:
-    # pmi.md section 4: what two ch4:ucx ranks on one node send, in order.
+    # What two MPICH 4.0.2 ch4:ucx ranks on one node send, in order (observed; docs/pmi.md).
     ranks = Ranks(size=2)
     for rank in range(2):
         out = ranks.v1(rank, INIT1, "cmd=get_maxes", "cmd=get_appnum", "cmd=get_my_kvsname",
