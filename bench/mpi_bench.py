@@ -12,17 +12,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
-import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench.cleanup import kill_tree  # noqa: E402
+from bench.common import ScratchAgent  # noqa: E402
 
 TETHER = [sys.executable, "-m", "cli.main"]
 
@@ -41,23 +38,13 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=10)
     ap.add_argument("--json", action="store_true")
     ns = ap.parse_args()
-    base = tempfile.mkdtemp(dir="/tmp", prefix="tmb")
-    state, work = os.path.join(base, "s"), os.path.join(base, "w")
-    os.makedirs(work)
-    env = dict(os.environ, TETHER_STATE_DIR=state)
-    exe = os.path.join(base, "hello_mpi")
-    subprocess.run(["mpicc", "-O1", "-o", exe, os.path.join(ROOT, "tests/mpi/hello_mpi.c")],
-                   check=True)
-    log = open(os.path.join(base, "agent.log"), "wb")  # noqa: SIM115
-    agent = subprocess.Popen([*TETHER, "agent", "--cpus", "4"], env=env, stdout=log,
-                             stderr=subprocess.STDOUT, start_new_session=True, cwd=ROOT)
+    node = ScratchAgent("tmb", cpus=4)
+    env, work = node.env, node.work
     results: dict[str, list[float]] = {}
     try:
-        deadline = time.monotonic() + 20
-        while subprocess.run([*TETHER, "status"], env=env, capture_output=True).returncode:
-            if time.monotonic() > deadline:
-                raise SystemExit("agent did not start")
-            time.sleep(0.05)
+        exe = os.path.join(node.base, "hello_mpi")
+        subprocess.run(["mpicc", "-O1", "-o", exe,
+                        os.path.join(ROOT, "tests/mpi/hello_mpi.c")], check=True)
         for n in (2, 4):  # one warm-up each
             timed(["mpiexec", "-n", str(n), exe], env, work)
             timed([*TETHER, "submit", "--wait", "--ntasks", str(n), "--pmi", "pmi1", "--", exe],
@@ -70,11 +57,7 @@ def main() -> int:
                     timed([*TETHER, "submit", "--wait", "--ntasks", str(n), "--pmi", "pmi1",
                            "--", exe], env, work))
     finally:
-        agent.send_signal(signal.SIGTERM)
-        agent.wait()
-        log.close()
-        kill_tree(state)
-        shutil.rmtree(base, ignore_errors=True)
+        node.close()
     summary = {k: {"median_ms": round(statistics.median(v), 1), "min_ms": round(min(v), 1),
                    "max_ms": round(max(v), 1), "runs": len(v)} for k, v in results.items()}
     if ns.json:

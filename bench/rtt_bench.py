@@ -14,12 +14,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
-import signal
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from typing import Any
 
@@ -29,9 +25,7 @@ from shared import protocol
 from shared.client import Client, configure
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench.cleanup import kill_tree  # noqa: E402
-
-TETHER = [sys.executable, "-m", "cli.main"]
+from bench.common import ScratchAgent  # noqa: E402
 
 
 def pct(values: list[float], q: float) -> float:
@@ -97,19 +91,9 @@ def main() -> int:
     ap.add_argument("--jobs", type=int, default=50)
     ap.add_argument("--json", action="store_true")
     ns = ap.parse_args()
-    base = tempfile.mkdtemp(dir="/tmp", prefix="trt")
-    state, work = os.path.join(base, "s"), os.path.join(base, "w")
-    os.makedirs(work)
-    env = dict(os.environ, TETHER_STATE_DIR=state)
-    log = open(os.path.join(base, "agent.log"), "wb")  # noqa: SIM115
-    agent = subprocess.Popen([*TETHER, "agent", "--cpus", str(ns.jobs + 4)], env=env, stdout=log,
-                             stderr=subprocess.STDOUT, start_new_session=True)
+    node = ScratchAgent("trt", cpus=ns.jobs + 4)
+    state, work = node.state, node.work
     try:
-        deadline = time.monotonic() + 20
-        while subprocess.run([*TETHER, "status"], env=env, capture_output=True).returncode:
-            if time.monotonic() > deadline:
-                raise SystemExit("agent did not start")
-            time.sleep(0.05)
         with Client(os.path.join(state, "agent.sock"), timeout=20) as agent_client:
             ids = [agent_client.call("submit", {"command": ["sleep", "600"], "workdir": work,
                                                 "env": {"PATH": "/usr/bin:/bin"}})["id"]
@@ -124,11 +108,7 @@ def main() -> int:
                   "parallel": parallel(socks, ns.calls), "supervisors": ns.jobs,
                   "load": os.getloadavg()[0]}
     finally:
-        agent.send_signal(signal.SIGTERM)
-        agent.wait()
-        log.close()
-        kill_tree(state)
-        shutil.rmtree(base, ignore_errors=True)
+        node.close()
     if ns.json:
         print(json.dumps(result))
     else:
