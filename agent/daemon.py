@@ -436,7 +436,28 @@ class Agent:
     def ack(self, link: Link) -> None:
         def done(_: Any) -> None:
             self.drop_link(link)
-        link.request("ack", link.target, HELLO_TIMEOUT, done, done)
+
+        def failed(exc: TetherError) -> None:
+            self.drop_link(link)
+            self.ack_failed(self.layout.run_dir(link.job, link.attempt), exc)
+        link.request("ack", link.target, HELLO_TIMEOUT, done, failed)
+
+    def ack_failed(self, rd: RunDir, exc: TetherError) -> None:
+        """A recorded result whose supervisor did not take the ack: ask again while it lives."""
+        if isinstance(exc, RemoteError):
+            log.warning("job %d: its supervisor refused the ack: %s", rd.job, exc.message)
+            return
+        log.warning("job %d: acknowledging its finished supervisor failed (%s); trying again "
+                    "in %gs", rd.job, exc.message, RETRY_UNRESPONSIVE)
+
+        def again() -> None:
+            if not os.path.isdir(rd.path):
+                return
+            if fallback.lock_is_free(rd):
+                shutil.rmtree(rd.path, ignore_errors=True)
+            else:
+                self.orphan(rd)
+        self.timers.at(time.monotonic() + RETRY_UNRESPONSIVE, again)
 
     def terminate(self, link: Link, job: Job) -> None:
         def ok(res: Any) -> None:
@@ -644,8 +665,7 @@ class Agent:
 
             def failed(exc: TetherError) -> None:
                 self.drop_link(link)
-                log.warning("job %d: acknowledging its finished supervisor failed (%s); the "
-                            "next agent start tries again", rd.job, exc.message)
+                self.ack_failed(rd, exc)
             link.request("ack", link.target, HELLO_TIMEOUT, acked, failed)
             return
         log.error("a live supervisor in %s serves no attempt this agent knows about; leaving "

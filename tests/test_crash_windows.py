@@ -91,6 +91,26 @@ def test_unanswered_orphan_ack_neither_spins_nor_blocks_stop(node: Node) -> None
     poll_until(lambda: not node.supervisor_pids(), 20, "the orphan to be acknowledged")
 
 
+def test_a_failed_ack_is_retried_by_the_running_agent(node: Node) -> None:
+    node.start(env={"TETHER_AGENT_FAULT": "skip-ack"})
+    job = node.submit("true")
+    node.wait_end(job)
+    sup = node.supervisor_pids()
+    node.stop(signal.SIGKILL)
+    os.kill(sup[0], signal.SIGSTOP)
+    try:
+        node.start()  # its ack times out while the supervisor is stopped
+        poll_until(lambda: "trying again" in _read(node.agent_logs[-1]), 20, "the ack to fail")
+    finally:
+        os.kill(sup[0], signal.SIGCONT)
+    poll_until(lambda: not node.supervisor_pids(), 20, "the same agent to acknowledge it")
+
+
+def _read(path: str) -> str:
+    with open(path) as f:
+        return f.read()
+
+
 def _cpu_seconds(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
