@@ -75,6 +75,11 @@ socket.send_fds(s, [b"ok"], fds)
 """
 
 
+#: The interpreter behind our venv (which may lie where the job's user cannot go): the opener
+#: needs only the standard library (-S), and the user must be able to execute it.
+_BASE_PYTHON = os.path.realpath(sys.executable)
+
+
 def _check_opened(fd: int, path: str) -> int:
     """Only a regular file or a character device (/dev/null) may take a job's output."""
     st = os.fstat(fd)
@@ -97,7 +102,7 @@ def _open_outputs_as(spec: dict[str, Any], paths: list[str]) -> list[int]:
     ours, theirs = socket.socketpair()
     try:
         proc = subprocess.Popen(
-            [sys.executable, "-S", "-c", _OPENER, str(theirs.fileno()), *paths],
+            [_BASE_PYTHON, "-S", "-c", _OPENER, str(theirs.fileno()), *paths],
             user=spec["uid"], group=spec["gid"], extra_groups=spec["groups"],
             pass_fds=(theirs.fileno(),), cwd=spec["workdir"], stdin=subprocess.DEVNULL,
             env={"TETHER_FLAGS": str(_OUTPUT_FLAGS)},

@@ -35,6 +35,51 @@ def poll_until(predicate: Callable[[], T], timeout: float, what: str,
         time.sleep(interval)
 
 
+_FOREIGN: tuple[list[str], dict[str, str]] | None = None
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def foreign_python() -> tuple[list[str], dict[str, str]]:
+    """An interpreter command and environment that *other* users can run tether's code with.
+
+    Usually the venv itself works (its interpreter is Debian's python). Where the checkout lies
+    under a directory other users cannot enter, the packages tether's clients need are copied
+    once to a world-readable temporary directory and run with /usr/bin/python3.
+    """
+    global _FOREIGN
+    if _FOREIGN is not None:
+        return _FOREIGN
+    try:
+        probe = subprocess.run([sys.executable, "-c", "import shared.client, cli.main, zmq"],
+                               user="nobody", cwd="/", capture_output=True,
+                               env={"PATH": "/usr/bin:/bin", "PYTHONPATH": _ROOT})
+        usable = probe.returncode == 0
+    except OSError:  # the interpreter's own path is out of other users' reach
+        usable = False
+    if usable:
+        _FOREIGN = ([sys.executable], {"PYTHONPATH": _ROOT})
+        return _FOREIGN
+    import atexit
+    import importlib.util
+
+    copy = tempfile.mkdtemp(dir="/tmp", prefix="ttpy")
+    atexit.register(shutil.rmtree, copy, True)
+    for pkg in ("shared", "cli", "agent", "supervisor"):
+        shutil.copytree(os.path.join(_ROOT, pkg), os.path.join(copy, pkg))
+    site = os.path.dirname(os.path.dirname(importlib.util.find_spec("zmq").origin or ""))
+    for name in os.listdir(site):
+        if name.split(".")[0] in ("zmq", "pyzmq", "msgpack"):
+            src = os.path.join(site, name)
+            if os.path.isdir(src):
+                shutil.copytree(src, os.path.join(copy, name))
+    for dirpath, _dirs, filenames in os.walk(copy):
+        os.chmod(dirpath, 0o755)
+        for f in filenames:
+            os.chmod(os.path.join(dirpath, f), 0o755)
+    _FOREIGN = (["/usr/bin/python3"], {"PYTHONPATH": copy})
+    return _FOREIGN
+
+
 def pid_alive(pid: int) -> bool:
     st = proc_stat(pid)
     return st is not None and not st.dead

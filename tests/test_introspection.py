@@ -19,7 +19,7 @@ from shared.client import Client
 from shared.errors import RemoteError
 from shared.procid import proc_stat
 from shared.step_client import StepClient, SupervisorGone, connect, parse_signal
-from tests.helpers import CLI, Node, pid_alive, poll_until
+from tests.helpers import CLI, Node, foreign_python, pid_alive, poll_until
 
 SKIP_ACK = {"TETHER_AGENT_FAULT": "skip-ack"}  # the supervisor stays after the step ends
 
@@ -519,9 +519,12 @@ def test_another_user_sees_the_state_and_nothing_else(node: Node) -> None:
     job = node.submit("sh", "-c", "echo secret; echo up > up; exec sleep 300")
     wait_file(node, "up")
 
+    python, extra = foreign_python()
+
     def as_nobody(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([*CLI, *args], capture_output=True, text=True, env=node.env,
-                              cwd="/", user="nobody", timeout=60)
+        return subprocess.run([*python, "-m", "cli.main", *args], capture_output=True,
+                              text=True, env=dict(node.env, **extra), cwd="/", user="nobody",
+                              timeout=60)
     res = as_nobody("inspect", str(job))
     assert res.returncode == 0, res.stderr
     assert "state          running" in res.stdout and "command" not in res.stdout

@@ -9,13 +9,12 @@ import json
 import os
 import pwd
 import subprocess
-import sys
 from collections.abc import Iterator
 
 import pytest
 
 from shared import records
-from tests.helpers import Node, poll_until
+from tests.helpers import Node, foreign_python, poll_until
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OTHER = "tethertest"
@@ -58,9 +57,10 @@ def other_user() -> Iterator[pwd.struct_passwd]:
 
 def as_user(user: str, code: str, *args: str) -> subprocess.CompletedProcess[str]:
     pw = pwd.getpwnam(user)
-    return subprocess.run([sys.executable, "-c", code, *args], user=pw.pw_uid, group=pw.pw_gid,
+    python, env = foreign_python()
+    return subprocess.run([*python, "-c", code, *args], user=pw.pw_uid, group=pw.pw_gid,
                           extra_groups=[], capture_output=True, text=True, cwd="/",
-                          env={"PYTHONPATH": ROOT, "PATH": "/usr/bin:/bin"}, timeout=60)
+                          env=dict(env, PATH="/usr/bin:/bin"), timeout=60)
 
 
 def calls(user: str, node: Node, job: int, kinds: list[str]) -> dict[str, str]:
