@@ -16,7 +16,6 @@ in one poll), then, if the job is still active, the run directory decides: see `
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import logging
 import os
@@ -36,7 +35,7 @@ from agent.ledger import Conflict, Ledger, Request
 from agent.link import Link
 from agent.spawn import SpawnError, spawn_supervisor
 from shared import protocol, wire
-from shared.errors import RemoteError, TetherError, Unreachable
+from shared.errors import RemoteError, TetherError
 from shared.paths import Layout, RunDir
 from shared.procid import ProcId
 from shared.timers import Timer, Timers, rfc3339_now
@@ -51,8 +50,6 @@ REATTACH_DEADLINE = 3.0
 #: attempts after which a job whose supervisor never started is failed rather than requeued
 MAX_ATTEMPTS = 5
 
-
-now_rfc3339 = rfc3339_now
 
 
 @dataclass
@@ -77,7 +74,7 @@ class Agent:
         self.cfg = cfg
         self.layout = Layout(cfg.state_dir)
         self.ledger = Ledger(cfg.cpu_ids, cfg.gpus, cfg.memory_mb,
-                             allowed=sorted(os.sched_getaffinity(0)))
+                             allowed=allowed_cpus())
         self.timers = Timers()
         self.ctx: zmq.Context[Any] = zmq.Context()
         self.ctx.setsockopt(zmq.LINGER, 0)
@@ -403,7 +400,7 @@ class Agent:
             pids = [t["pid"] for t in res["tasks"] if t["pid"]]
             if job.state != "running":
                 job = self.db.update(job.id, state="running", pids=pids,
-                                     started_at=res.get("started_at") or now_rfc3339())
+                                     started_at=res.get("started_at") or rfc3339_now())
                 log.info("job %d attempt %d running: pids %s", job.id, job.attempt, pids)
             if job.cancel_requested:
                 self.terminate(link, job)
@@ -526,7 +523,7 @@ class Agent:
                  reason: str | None, started_at: str | None = None,
                  ended_at: str | None = None) -> None:
         fields: dict[str, Any] = {"state": state, "exit_code": exit_code, "signal": sig,
-                                  "reason": reason, "ended_at": ended_at or now_rfc3339()}
+                                  "reason": reason, "ended_at": ended_at or rfc3339_now()}
         if started_at and not job.started_at:
             fields["started_at"] = started_at
         job = self.db.update(job.id, **fields)
@@ -658,15 +655,7 @@ class Agent:
             return
         if job is not None and job.final and job.attempt == rd.attempt:
             # C2 happened, C3 (ack) did not: acknowledge now.
-            link = self.open_link(rd.job, rd.attempt, rd.sock, track=False)
-
-            def acked(_: Any) -> None:
-                self.drop_link(link)
-
-            def failed(exc: TetherError) -> None:
-                self.drop_link(link)
-                self.ack_failed(rd, exc)
-            link.request("ack", link.target, HELLO_TIMEOUT, acked, failed)
+            self.ack(self.open_link(rd.job, rd.attempt, rd.sock, track=False))
             return
         log.error("a live supervisor in %s serves no attempt this agent knows about; leaving "
                   "it alone", rd.path)
@@ -687,5 +676,3 @@ def memory_mb() -> int:
                 return int(line.split()[1]) // 1024
     return 0
 
-
-__all__ = ["Agent", "AgentConfig", "AgentError", "Unreachable", "errno"]

@@ -10,7 +10,6 @@ inherit PMI_FD, and deaths are learned from the reaper, never from EOF.
 from __future__ import annotations
 
 import logging
-import os
 import socket
 
 from supervisor.pmi import Output, PmiServer, Send
@@ -23,9 +22,8 @@ INHERITED_PREFIX = "PMI_"
 
 
 class PmiChannels:
-    def __init__(self, server: PmiServer, kind: str) -> None:
+    def __init__(self, server: PmiServer) -> None:
         self.server = server
-        self.kind = kind
         self.ours: dict[int, socket.socket] = {}  # rank -> our end
         self.theirs: dict[int, socket.socket] = {}  # rank -> the rank's end, until spawned
         self.pending: dict[int, bytearray] = {}
@@ -110,5 +108,3 @@ class PmiChannels:
 def clean_env(env: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items() if not k.startswith(INHERITED_PREFIX)}
 
-
-__all__ = ["PmiChannels", "clean_env", "os"]

@@ -66,8 +66,6 @@ TERMINATING = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 IGNORED_SIGNALS = (signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 
 
-now_rfc3339 = rfc3339_now
-
 
 @dataclass(eq=False)
 class Follower:
@@ -101,7 +99,7 @@ class Supervisor:
         if spec.get("pmi", "none") != "none":
             self.pmi = PmiServer(size=spec["ntasks"], jobid=f"{rd.job}.{rd.attempt}",
                                  kvsname=f"tether-{rd.job}.{rd.attempt}")
-            self.channels = PmiChannels(self.pmi, spec["pmi"])
+            self.channels = PmiChannels(self.pmi)
             self.launcher = Launcher(self.channels.prepare, self.channels.spawned, clean_env)
         else:
             self.launcher = Launcher()
@@ -239,7 +237,7 @@ class Supervisor:
         if self.claim_timer:
             self.claim_timer.cancel()
         self.step.advance(Phase.RUNNING)
-        self.step.started_at = now_rfc3339()
+        self.step.started_at = rfc3339_now()
         try:
             self.launcher.launch(self.spec, self.step)
         except LaunchFailed as exc:
@@ -269,7 +267,7 @@ class Supervisor:
         self.step.advance(Phase.ABORTED)
         self.step.cancelled = cancel
         self.step.abort_reason = reason
-        self.step.ended_at = now_rfc3339()
+        self.step.ended_at = rfc3339_now()
         log.warning("aborted before launch: %s", reason)
         if keep_record:
             self.write_record()
@@ -345,7 +343,7 @@ class Supervisor:
         if left:
             log.error("%d leftover process(es) survived SIGKILL for %gs; ending the step anyway",
                       left, DRAIN_TIMEOUT)
-        self.step.ended_at = now_rfc3339()
+        self.step.ended_at = rfc3339_now()
         self.step.advance(Phase.EXITED)
         self.write_record()
         log.info("step ended: %s", self.record)
@@ -412,13 +410,15 @@ class Supervisor:
 
     def pmi_events(self, events: dict[Any, int]) -> None:
         assert self.channels is not None
-        for fd, rank in self.channels.fd_ranks().items():
-            flags = events.get(fd, 0)
+        ours = [(fd, rank) for fd, rank in self.channels.fd_ranks().items() if fd in events]
+        for fd, rank in ours:
+            flags = events[fd]
             if flags & zmq.POLLIN:
                 self.handle_pmi(self.channels.readable(rank))
             if flags & zmq.POLLOUT:
                 self.channels.flush(rank)
-        self.sync_pmi_registrations()
+        if ours:
+            self.sync_pmi_registrations()
 
     def sync_pmi_registrations(self) -> None:
         """Keep the poller's view of the PMI fds in step with the channels."""
@@ -517,7 +517,7 @@ class Supervisor:
 
     def emit(self, kind: str, **fields: Any) -> None:
         """Append one event; ``on_event`` (the events verb's waiters) is told."""
-        event = {"seq": len(self.events) + 1, "time": now_rfc3339(), "kind": kind, **fields}
+        event = {"seq": len(self.events) + 1, "time": rfc3339_now(), "kind": kind, **fields}
         self.events.append(event)
         self.on_event(event)
 
