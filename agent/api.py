@@ -12,18 +12,18 @@ from typing import TYPE_CHECKING, Any
 
 import msgpack
 
-import shared
-from agent import users
-from agent.db import ACTIVE, FINAL
-from agent.ledger import Request as ResourceRequest
-from shared import protocol
-from shared.errors import BadRequest, NotFound, ResourceError, StateError, UnknownKind
-from shared.protocol import arg_int, arg_number, arg_str, arg_str_list, check_known
-from shared.timers import rfc3339_now
-from shared.wire import Peer
+import tether
+from tether.agent import users
+from tether.agent.db import ACTIVE, FINAL
+from tether.agent.ledger import Request as ResourceRequest
+from tether.shared import protocol
+from tether.shared.errors import BadRequest, NotFound, ResourceError, StateError, UnknownKind
+from tether.shared.protocol import arg_int, arg_number, arg_str, arg_str_list, check_known
+from tether.shared.timers import rfc3339_now
+from tether.shared.wire import Peer
 
 if TYPE_CHECKING:
-    from agent.daemon import Agent
+    from tether.agent.daemon import Agent
 
 PENDING = object()
 Handler = Callable[["Agent", Peer, protocol.Request], Any]
@@ -41,12 +41,12 @@ PMI_KINDS = ("none", "pmi1", "pmi2")
 def hello(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
     check_known(req.args, req.kind, ("versions",))
     return {"role": "agent", "protocol": protocol.negotiate(req.args.get("versions")),
-            "version": shared.__version__, "node": agent.cfg.node, "pid": os.getpid()}
+            "version": tether.__version__, "node": agent.cfg.node, "pid": os.getpid()}
 
 
 def status(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
     check_known(req.args, req.kind, ())
-    out: dict[str, Any] = {"node": agent.cfg.node, "version": shared.__version__,
+    out: dict[str, Any] = {"node": agent.cfg.node, "version": tether.__version__,
                            "pid": os.getpid(), "state_dir": agent.cfg.state_dir}
     out.update(agent.ledger.usage())
     out["jobs"] = agent.db.counts()

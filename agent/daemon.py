@@ -28,17 +28,17 @@ from typing import Any
 
 import zmq
 
-import shared
-from agent import api, fallback, users
-from agent.db import ACTIVE, Job, Store
-from agent.ledger import Conflict, Ledger, Request
-from agent.link import Link
-from agent.spawn import SpawnError, spawn_supervisor
-from shared import protocol, wire
-from shared.errors import RemoteError, TetherError
-from shared.paths import Layout, RunDir
-from shared.procid import ProcId
-from shared.timers import Timer, Timers, rfc3339_now
+import tether.shared.records
+from tether.agent import api, fallback, users
+from tether.agent.db import ACTIVE, Job, Store
+from tether.agent.ledger import Conflict, Ledger, Request
+from tether.agent.link import Link
+from tether.agent.spawn import SpawnError, spawn_supervisor
+from tether.shared import protocol, wire
+from tether.shared.errors import RemoteError, TetherError
+from tether.shared.paths import Layout, RunDir
+from tether.shared.procid import ProcId
+from tether.shared.timers import Timer, Timers, rfc3339_now
 
 log = logging.getLogger("tether.agent")
 
@@ -280,7 +280,7 @@ class Agent:
         rd = self.layout.run_dir(job.id, job.attempt)
         per = job.cpus_per_task
         spec = {
-            "schema": shared.records.SCHEMA, "job": job.id, "attempt": job.attempt,
+            "schema": tether.shared.records.SCHEMA, "job": job.id, "attempt": job.attempt,
             "name": job.name, "command": job.command, "ntasks": job.ntasks,
             "cpus": job.cpus, "gpus": job.gpus, "memory_mb": job.memory_mb,
             "affinity": [sorted({self.ledger.physical(c) for c in job.cpus[r * per:(r + 1) * per]})

@@ -12,7 +12,7 @@ import sqlite3
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent.ledger import Allocation
+from tether.agent.ledger import Allocation
 
 ACTIVE = ("starting", "running")
 FINAL = ("completed", "failed", "cancelled", "lost")

@@ -23,10 +23,10 @@ import signal
 from dataclasses import dataclass
 from typing import Any
 
-from agent.db import Job
-from shared import records
-from shared.paths import RunDir
-from shared.procid import ProcId, all_processes, boot_id, proc_stat
+from tether.agent.db import Job
+from tether.shared import records
+from tether.shared.paths import RunDir
+from tether.shared.procid import ProcId, all_processes, boot_id, proc_stat
 
 log = logging.getLogger("tether.agent")
 

@@ -21,11 +21,11 @@ from typing import Any
 
 import zmq
 
-from shared import protocol
-from shared.client import configure
-from shared.errors import BadRequest, RemoteError, TetherError, Unreachable
-from shared.procid import ProcId
-from shared.timers import Timer, Timers
+from tether.shared import protocol
+from tether.shared.client import configure
+from tether.shared.errors import BadRequest, RemoteError, TetherError, Unreachable
+from tether.shared.procid import ProcId
+from tether.shared.timers import Timer, Timers
 
 log = logging.getLogger("tether.agent")
 

@@ -19,8 +19,8 @@ import subprocess
 import sys
 from typing import Any
 
-from shared import records
-from shared.paths import Layout, RunDir
+from tether.shared import records
+from tether.shared.paths import Layout, RunDir
 
 _DETACH = '"$@" </dev/null >&2 & echo $!'
 SPAWN_TIMEOUT = 10.0
@@ -48,7 +48,7 @@ def spawn_supervisor(layout: Layout, rd: RunDir, spec: dict[str, Any]) -> int:
         env = {k: v for k, v in os.environ.items()
                if k.startswith(("PYTHON", "LANG", "LC_", "TETHER_"))}
         env["PATH"] = os.environ.get("PATH", "/usr/bin:/bin")
-        argv = [sys.executable, "-m", "supervisor", "--run-dir", rd.path,
+        argv = [sys.executable, "-I", "-m", "tether.supervisor", "--run-dir", rd.path,
                 "--lock-fd", str(lock_fd)]
         try:
             proc = subprocess.Popen(

@@ -11,7 +11,7 @@ import pwd
 import subprocess
 from dataclasses import dataclass
 
-from shared.errors import BadRequest
+from tether.shared.errors import BadRequest
 
 #: sh script: $1 workdir, then the output paths. Prints the first problem and exits 1.
 _CHECK = r'''

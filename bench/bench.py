@@ -44,9 +44,9 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any, TypeVar
 
-from shared.client import Client, probe_unix
-from shared.errors import TetherError
-from shared.paths import Layout
+from tether.shared.client import Client, probe_unix
+from tether.shared.errors import TetherError
+from tether.shared.paths import Layout
 
 T = TypeVar("T")
 
@@ -211,7 +211,7 @@ def foreign_tether_processes(root: bytes) -> int:
         except OSError:
             continue
         ours = root in cmd or touches(pid, root)
-        if (cmd.startswith(b"tether-supervisor") or b"cli.main\0agent" in cmd
+        if (cmd.startswith(b"tether-supervisor") or b"tether.cli.main\0agent" in cmd
                 or b"tether\0agent" in cmd) and alive(pid) and not ours:
             n += 1
     return n
@@ -245,7 +245,7 @@ class Agent:
         with open(path, "wb") as out:
             t0 = time.perf_counter()
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "cli.main", "agent", "--state-dir", self.state,
+                [sys.executable, "-m", "tether.cli.main", "agent", "--state-dir", self.state,
                  "--cpus", str(self.cpus), "--cancel-grace", "1"],
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 cwd=self.work, start_new_session=True,
@@ -451,8 +451,8 @@ def bench_latency(agent: Agent, samples: int, warmup: int, visible_samples: int,
         interp = f"{tether} (entry-point script, {shebang}; -> {os.path.realpath(sys.executable)}"\
                  f" {platform.python_version()})"
     else:
-        argv0 = [sys.executable, "-m", "cli.main"]
-        interp = f"{sys.executable} -m cli.main ({platform.python_version()})"
+        argv0 = [sys.executable, "-m", "tether.cli.main"]
+        interp = f"{sys.executable} -m tether.cli.main ({platform.python_version()})"
     log(f"latency: {cli_samples} x `tether submit --wait -- true` via {argv0[0]}")
     cli_ms: list[float] = []
     for i in range(cli_samples + 1):
@@ -468,7 +468,7 @@ def bench_latency(agent: Agent, samples: int, warmup: int, visible_samples: int,
     imp_ms: list[float] = []
     for _ in range(5):
         t0 = time.perf_counter()
-        subprocess.run([sys.executable, "-c", "import cli.main"], check=True, cwd=agent.work,
+        subprocess.run([sys.executable, "-c", "import tether.cli.main"], check=True, cwd=agent.work,
                        timeout=60)
         imp_ms.append((time.perf_counter() - t0) * 1000)
     return {
@@ -714,7 +714,7 @@ def report(r: dict[str, Any]) -> str:
             f"   CLI `tether submit --wait -- true` wall time: "
             f"{fmt(lat['cli_submit_wait_true_ms'])}",
             f"        interpreter: {lat['cli_interpreter']}",
-            f"        for scale, `python -c 'import cli.main'`: "
+            f"        for scale, `python -c 'import tether.cli.main'`: "
             f"{fmt(lat['python_import_cli_ms'])}",
         ]
     rs = r.get("restart")

@@ -55,7 +55,7 @@ class ScratchAgent:
         self.work = os.path.join(self.base, "w")
         os.makedirs(self.work)
         self.env = dict(os.environ, TETHER_STATE_DIR=self.state)
-        self.tether = [sys.executable, "-m", "cli.main"]
+        self.tether = [sys.executable, "-m", "tether.cli.main"]
         self._log = open(os.path.join(self.base, "agent.log"), "wb")  # noqa: SIM115
         self.proc = subprocess.Popen([*self.tether, "agent", "--cpus", str(cpus)], env=self.env,
                                      stdout=self._log, stderr=subprocess.STDOUT,

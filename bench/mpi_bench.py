@@ -21,7 +21,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench.common import ScratchAgent  # noqa: E402
 
-TETHER = [sys.executable, "-m", "cli.main"]
+TETHER = [sys.executable, "-m", "tether.cli.main"]
 
 
 def timed(argv: list[str], env: dict[str, str], cwd: str) -> float:
@@ -64,7 +64,8 @@ def main() -> int:
         print(json.dumps(summary))
     else:
         print(f"MPICH hello (Allreduce, ring Sendrecv, Barrier), {ns.runs} interleaved runs, "
-              f"load {os.getloadavg()[0]:.2f}; tether timed with {sys.executable} -m cli.main")
+              f"load {os.getloadavg()[0]:.2f}; tether timed with "
+              f"{sys.executable} -m tether.cli.main")
         for k, s in summary.items():
             print(f"  {k:<18} median {s['median_ms']:7.1f} ms  (min {s['min_ms']}, "
                   f"max {s['max_ms']})")

@@ -21,8 +21,8 @@ from typing import Any
 
 import zmq
 
-from shared import protocol
-from shared.client import Client, configure
+from tether.shared import protocol
+from tether.shared.client import Client, configure
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench.common import ScratchAgent  # noqa: E402

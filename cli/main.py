@@ -20,10 +20,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, NoReturn
 
-from shared.client import Client, probe_unix
-from shared.errors import RemoteError, TetherError, Unreachable
-from shared.paths import Layout, default_state_dir
-from shared.step_client import StepClient, SupervisorGone, connect, parse_signal
+from tether.shared.client import Client, probe_unix
+from tether.shared.errors import RemoteError, TetherError, Unreachable
+from tether.shared.paths import Layout, default_state_dir
+from tether.shared.step_client import StepClient, SupervisorGone, connect, parse_signal
 
 EXIT_ERROR = 1
 EXIT_USAGE = 2
@@ -496,8 +496,8 @@ def cmd_agent(state_dir: str, ns: argparse.Namespace) -> int:
     import logging
     import socket
 
-    from agent.daemon import Agent, AgentConfig, AgentError, allowed_cpus, memory_mb
-    from shared.paths import PathTooLong
+    from tether.agent.daemon import Agent, AgentConfig, AgentError, allowed_cpus, memory_mb
+    from tether.shared.paths import PathTooLong
 
     logging.basicConfig(level=ns.log_level, stream=sys.stderr,
                         format="%(asctime)s agent[%(process)d] %(levelname)s %(message)s")

@@ -12,7 +12,7 @@ import sys
 import tempfile
 import time
 
-TETHER = [sys.executable, "-m", "cli.main"]
+TETHER = [sys.executable, "-m", "tether.cli.main"]
 
 
 def say(text: str) -> None:

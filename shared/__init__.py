@@ -1,4 +1,3 @@
 """What the tether agent, its supervisors and the CLI all speak: the wire protocol, the spool
 layout, process identity, and the on-disk records (spec, manifest, exit sentinel)."""
 
-__version__ = "0.1.0"

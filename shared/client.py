@@ -17,8 +17,8 @@ from typing import Any
 
 import zmq
 
-from shared import protocol
-from shared.errors import Unreachable
+from tether.shared import protocol
+from tether.shared.errors import Unreachable
 
 
 def probe_unix(path: str, timeout: float = 1.0) -> str | None:

@@ -18,7 +18,7 @@ from typing import Any
 
 import msgpack
 
-from shared.errors import BadRequest, RemoteError, TetherError, UnknownKind, VersionMismatch
+from tether.shared.errors import BadRequest, RemoteError, TetherError, UnknownKind, VersionMismatch
 
 #: The version this build speaks, and the set it accepts from peers (an N-1 window once 2 exists).
 PROTOCOL_VERSION = 1

@@ -3,7 +3,7 @@
 It talks to the supervisor directly (never through the agent), so it works while the agent is
 down or restarting. ``docs/client.md`` is the reference; a short example::
 
-    from shared.step_client import SupervisorGone, connect
+    from tether.shared.step_client import SupervisorGone, connect
 
     try:
         with connect(42) as step:
@@ -26,11 +26,11 @@ import signal as _signal
 from collections.abc import Iterator
 from typing import Any
 
-from shared import protocol
-from shared.client import Client, probe_unix
-from shared.errors import TetherError, Unreachable
-from shared.paths import Layout, default_state_dir
-from shared.procid import ProcId
+from tether.shared import protocol
+from tether.shared.client import Client, probe_unix
+from tether.shared.errors import TetherError, Unreachable
+from tether.shared.paths import Layout, default_state_dir
+from tether.shared.procid import ProcId
 
 __all__ = ["StepClient", "SupervisorGone", "connect", "find_socket", "parse_signal"]
 

@@ -12,8 +12,8 @@ from typing import Any
 
 import zmq
 
-from shared import protocol
-from shared.errors import BadRequest, TetherError
+from tether.shared import protocol
+from tether.shared.errors import BadRequest, TetherError
 
 log = logging.getLogger(__name__)
 

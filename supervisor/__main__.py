@@ -16,14 +16,14 @@ import sys
 import prctl
 import setproctitle
 
-import supervisor.handlers
-import supervisor.launch
-import supervisor.pmi
-import supervisor.pmi_io
-import supervisor.step  # noqa: F401  (eager import, see above)
-from shared import records
-from shared.paths import PathTooLong, RunDir, check_ipc_path
-from supervisor.service import Supervisor
+import tether.supervisor.handlers
+import tether.supervisor.launch
+import tether.supervisor.pmi
+import tether.supervisor.pmi_io
+import tether.supervisor.step  # noqa: F401  (eager import, see above)
+from tether.shared import records
+from tether.shared.paths import PathTooLong, RunDir, check_ipc_path
+from tether.supervisor.service import Supervisor
 
 
 def main(argv: list[str] | None = None) -> int:

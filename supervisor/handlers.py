@@ -24,16 +24,16 @@ import signal as _signal
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-import shared
-from shared import protocol
-from shared.errors import BadRequest, PermissionDenied, StateError, UnknownKind
-from shared.protocol import arg_int, arg_number, arg_str, check_known
-from shared.wire import Peer
-from supervisor import introspect
-from supervisor.step import Phase, signal_name
+import tether
+from tether.shared import protocol
+from tether.shared.errors import BadRequest, PermissionDenied, StateError, UnknownKind
+from tether.shared.protocol import arg_int, arg_number, arg_str, check_known
+from tether.shared.wire import Peer
+from tether.supervisor import introspect
+from tether.supervisor.step import Phase, signal_name
 
 if TYPE_CHECKING:
-    from supervisor.service import Supervisor
+    from tether.supervisor.service import Supervisor
 
 log = logging.getLogger("tether.supervisor")
 
@@ -93,7 +93,7 @@ def hello(sup: Supervisor, peer: Peer, req: protocol.Request) -> Any:
     version = protocol.negotiate(req.args.get("versions"))
     assert sup.ident is not None
     return {
-        "role": "supervisor", "protocol": version, "version": shared.__version__,
+        "role": "supervisor", "protocol": version, "version": tether.__version__,
         "job": sup.rd.job, "attempt": sup.rd.attempt, "phase": sup.step.phase.value,
         "pid": sup.ident.pid, "start_ticks": sup.ident.start_ticks,
         "boot_id": sup.ident.boot_id, "uid": os.getuid(),
@@ -190,7 +190,7 @@ def info(sup: Supervisor, peer: Peer, req: protocol.Request) -> Any:
         introspect.user_name(sup.owner_uid), "workdir": spec["workdir"],
         "ntasks": spec["ntasks"], "cpus": spec["cpus"], "gpus": spec["gpus"],
         "memory_mb": spec["memory_mb"], "output": spec["output"], "error": spec["error"],
-        "pmi": spec.get("pmi", "none"), "version": shared.__version__,
+        "pmi": spec.get("pmi", "none"), "version": tether.__version__,
         "protocol": protocol.PROTOCOL_VERSION, "supervisor_pid": os.getpid(),
         "state": sup.step.job_state(), "phase": sup.step.phase.value,
         "started_at": sup.step.started_at, "ended_at": sup.step.ended_at,

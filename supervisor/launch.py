@@ -20,8 +20,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from shared.procid import start_ticks
-from supervisor.step import Step, Task, bounded
+from tether.shared.procid import start_ticks
+from tether.supervisor.step import Step, Task, bounded
 
 log = logging.getLogger(__name__)
 

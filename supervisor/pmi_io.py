@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import socket
 
-from supervisor.pmi import Output, PmiServer, Send
+from tether.supervisor.pmi import Output, PmiServer, Send
 
 log = logging.getLogger("tether.supervisor")
 

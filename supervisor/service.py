@@ -37,17 +37,17 @@ from typing import Any
 
 import zmq
 
-import shared
-from shared import protocol, records, wire
-from shared.errors import LaunchError, TetherError
-from shared.paths import RunDir
-from shared.procid import ProcId, all_processes
-from shared.timers import Timer, Timers, rfc3339_now
-from supervisor import handlers, introspect
-from supervisor.launch import Launcher, LaunchFailed
-from supervisor.pmi import Abort, Broken, Finalized, Output, PmiServer, ProtocolError, Send
-from supervisor.pmi_io import PmiChannels, clean_env
-from supervisor.step import Phase, Step, signal_name
+import tether
+from tether.shared import protocol, records, wire
+from tether.shared.errors import LaunchError, TetherError
+from tether.shared.paths import RunDir
+from tether.shared.procid import ProcId, all_processes
+from tether.shared.timers import Timer, Timers, rfc3339_now
+from tether.supervisor import handlers, introspect
+from tether.supervisor.launch import Launcher, LaunchFailed
+from tether.supervisor.pmi import Abort, Broken, Finalized, Output, PmiServer, ProtocolError, Send
+from tether.supervisor.pmi_io import PmiChannels, clean_env
+from tether.supervisor.step import Phase, Step, signal_name
 
 log = logging.getLogger("tether.supervisor")
 
@@ -499,7 +499,7 @@ class Supervisor:
             phase = "ready" if self.step.phase is Phase.READY else "running"
         man = {
             "schema": records.SCHEMA, "job": self.rd.job, "attempt": self.rd.attempt,
-            "phase": phase, "protocol": protocol.PROTOCOL_VERSION, "version": shared.__version__,
+            "phase": phase, "protocol": protocol.PROTOCOL_VERSION, "version": tether.__version__,
             "supervisor": self.ident.to_dict(), "session": self.session,
             "tasks": [{"rank": t.rank, "boot_id": self.ident.boot_id, "pid": t.pid,
                        "start_ticks": t.start_ticks} for t in self.step.tasks if t.pid],

@@ -13,13 +13,13 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from shared import records
-from shared.paths import Layout, RunDir
-from shared.procid import ProcId, all_processes, proc_stat
+from tether.shared import records
+from tether.shared.paths import Layout, RunDir
+from tether.shared.procid import ProcId, all_processes, proc_stat
 
 T = TypeVar("T")
 
-CLI = [sys.executable, "-m", "cli.main"]
+CLI = [sys.executable, "-m", "tether.cli.main"]
 
 
 def poll_until(predicate: Callable[[], T], timeout: float, what: str,
@@ -50,7 +50,8 @@ def foreign_python() -> tuple[list[str], dict[str, str]]:
     if _FOREIGN is not None:
         return _FOREIGN
     try:
-        probe = subprocess.run([sys.executable, "-c", "import shared.client, cli.main, zmq"],
+        probe = subprocess.run([sys.executable, "-c",
+                                "import tether.shared.client, tether.cli.main, zmq"],
                                user="nobody", cwd="/", capture_output=True,
                                env={"PATH": "/usr/bin:/bin", "PYTHONPATH": _ROOT})
         usable = probe.returncode == 0
@@ -64,8 +65,8 @@ def foreign_python() -> tuple[list[str], dict[str, str]]:
 
     copy = tempfile.mkdtemp(dir="/tmp", prefix="ttpy")
     atexit.register(shutil.rmtree, copy, True)
-    for pkg in ("shared", "cli", "agent", "supervisor"):
-        shutil.copytree(os.path.join(_ROOT, pkg), os.path.join(copy, pkg))
+    # the links in tether/ are followed: the copy holds real files
+    shutil.copytree(os.path.join(_ROOT, "tether"), os.path.join(copy, "tether"))
     site = os.path.dirname(os.path.dirname(importlib.util.find_spec("zmq").origin or ""))
     for name in os.listdir(site):
         if name.split(".")[0] in ("zmq", "pyzmq", "msgpack"):

@@ -7,8 +7,8 @@ import signal
 import subprocess
 import time
 
-from shared.procid import ProcId
 from tests.helpers import Node, poll_until
+from tether.shared.procid import ProcId
 
 GRACE = 2.0  # the node fixture's agent runs with --cancel-grace 2
 

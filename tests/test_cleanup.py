@@ -9,8 +9,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from shared.procid import ProcId, proc_stat
 from tests.helpers import Node, poll_until
+from tether.shared.procid import ProcId, proc_stat
 
 #: The task exits (0) only once the test has seen its leftover alive and created ``go``.
 HOLD = "while [ ! -e go ]; do sleep 0.05; done; exit 0"

@@ -9,9 +9,9 @@ import subprocess
 import sys
 import time
 
-from shared.client import Client
-from shared.procid import ProcId, proc_stat
 from tests.helpers import Node, poll_until
+from tether.shared.client import Client
+from tether.shared.procid import ProcId, proc_stat
 
 
 def test_supervisor_dying_while_launching_is_lost_not_rerun(node: Node) -> None:

@@ -15,11 +15,11 @@ from typing import Any
 
 import pytest
 
-from shared.client import Client
-from shared.errors import RemoteError
-from shared.procid import proc_stat
-from shared.step_client import StepClient, SupervisorGone, connect, parse_signal
 from tests.helpers import CLI, Node, foreign_python, pid_alive, poll_until
+from tether.shared.client import Client
+from tether.shared.errors import RemoteError
+from tether.shared.procid import proc_stat
+from tether.shared.step_client import StepClient, SupervisorGone, connect, parse_signal
 
 SKIP_ACK = {"TETHER_AGENT_FAULT": "skip-ack"}  # the supervisor stays after the step ends
 
@@ -522,7 +522,7 @@ def test_another_user_sees_the_state_and_nothing_else(node: Node) -> None:
     python, extra = foreign_python()
 
     def as_nobody(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([*python, "-m", "cli.main", *args], capture_output=True,
+        return subprocess.run([*python, "-m", "tether.cli.main", *args], capture_output=True,
                               text=True, env=dict(node.env, **extra), cwd="/", user="nobody",
                               timeout=60)
     res = as_nobody("inspect", str(job))
@@ -616,7 +616,7 @@ def _stat_line(pid: int, comm: str, state: str, ppid: int, pgrp: int, session: i
 
 
 def test_parse_stat_and_status() -> None:
-    from supervisor import introspect as ins
+    from tether.supervisor import introspect as ins
     raw = _stat_line(42, "a b) (c", "S", 7, 42, 5, utime=250, stime=50, cutime=100,
                      cstime=0, start=1234, rss_pages=10)
     st = ins.parse_stat(42, raw)
@@ -632,7 +632,7 @@ def test_parse_stat_and_status() -> None:
 
 
 def test_step_processes_split_by_task_and_adopted() -> None:
-    from supervisor import introspect as ins
+    from tether.supervisor import introspect as ins
 
     def p(pid: int, ppid: int, session: int = 10, state: str = "S") -> Any:
         st = ins.parse_stat(pid, _stat_line(pid, "x", state, ppid, pid, session))
@@ -658,7 +658,7 @@ def test_step_processes_split_by_task_and_adopted() -> None:
 
 
 def test_tail_start() -> None:
-    from supervisor import introspect as ins
+    from tether.supervisor import introspect as ins
 
     def tail(data: bytes, n: int, cap: int = ins.TAIL_MAX, chunk: int = 3) -> tuple[bytes, bool]:
         def read(off: int, length: int) -> bytes:

@@ -19,9 +19,9 @@ import msgpack
 import pytest
 import zmq
 
-from shared import protocol
-from shared.client import Client
 from tests.helpers import Node
+from tether.shared import protocol
+from tether.shared.client import Client
 
 REPLY_TIMEOUT_MS = 5000
 

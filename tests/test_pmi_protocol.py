@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from supervisor.pmi import (
+from tether.supervisor.pmi import (
     ABSURD_LINE_V1,
     MAX_LINE_V1,
     Abort,

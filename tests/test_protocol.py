@@ -7,11 +7,11 @@ from typing import Any
 import msgpack
 import pytest
 
-from agent.ledger import Allocation, Conflict, Ledger
-from agent.ledger import Request as Need
-from shared import protocol
-from shared.errors import BadRequest, RemoteError, UnknownKind, VersionMismatch
-from shared.protocol import (
+from tether.agent.ledger import Allocation, Conflict, Ledger
+from tether.agent.ledger import Request as Need
+from tether.shared import protocol
+from tether.shared.errors import BadRequest, RemoteError, UnknownKind, VersionMismatch
+from tether.shared.protocol import (
     MAX_FRAME,
     DecodeError,
     Reply,
@@ -28,7 +28,7 @@ from shared.protocol import (
     negotiate,
     peek_id,
 )
-from shared.timers import Timers, rfc3339_now
+from tether.shared.timers import Timers, rfc3339_now
 
 
 def pack(obj: Any) -> bytes:

@@ -7,9 +7,9 @@ import json
 import os
 import signal
 
-from shared import records
-from shared.procid import ProcId
 from tests.helpers import Node, poll_until
+from tether.shared import records
+from tether.shared.procid import ProcId
 
 
 def test_hung_supervisor_is_unresponsive_not_lost(node: Node) -> None:

@@ -8,9 +8,9 @@ import signal
 
 import pytest
 
-from shared import records
-from shared.procid import ProcId
 from tests.helpers import Node, pid_alive, poll_until
+from tether.shared import records
+from tether.shared.procid import ProcId
 
 
 def ticker(n: int, pause: float = 0.3) -> tuple[str, ...]:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import os
 import signal
 
-from shared.procid import ProcId
 from tests.helpers import Node, poll_until
+from tether.shared.procid import ProcId
 
 
 def test_supervisor_killed_mid_job_is_lost_and_cleaned_up(node: Node) -> None:
@@ -61,5 +61,5 @@ def test_tampered_sentinel_is_not_trusted(node: Node) -> None:
 
 
 def _session(sid: int) -> list[int]:
-    from shared.procid import all_processes
+    from tether.shared.procid import all_processes
     return [st.pid for st in all_processes() if st.session == sid and not st.dead]

@@ -13,8 +13,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from shared import records
 from tests.helpers import Node, foreign_python, poll_until
+from tether.shared import records
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OTHER = "tethertest"
@@ -23,8 +23,8 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as 
 
 CALLS = """
 import json, sys
-from shared.client import Client
-from shared.errors import RemoteError, Unreachable
+from tether.shared.client import Client
+from tether.shared.errors import RemoteError, Unreachable
 sock, job, attempt, kinds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4:]
 target = {"job": job, "attempt": attempt}
 ARGS = {"hello": {"versions": [1]}, "claim": target, "ack": target, "abort": target,
