@@ -33,7 +33,7 @@ from tether.agent import api, fallback, users
 from tether.agent.db import ACTIVE, Job, Store
 from tether.agent.ledger import Conflict, Ledger, Request
 from tether.agent.link import Link
-from tether.agent.spawn import SpawnError, spawn_supervisor
+from tether.agent.spawn import Spawner, SpawnError
 from tether.shared import protocol, wire
 from tether.shared.errors import RemoteError, TetherError
 from tether.shared.paths import Layout, RunDir
@@ -95,6 +95,10 @@ class Agent:
         self.pidfd_owners: dict[int, Link] = {}
         self.lock_fd = -1
         self.store: Store | None = None
+        self.spawner = Spawner(self.layout, self.timers,
+                               watch=lambda fd: self.poller.register(fd, zmq.POLLIN),
+                               unwatch=self.poller.unregister,
+                               use_template="no-template" not in cfg.faults)
 
     @property
     def db(self) -> Store:
@@ -127,6 +131,7 @@ class Agent:
         self.poller.register(wake_r, zmq.POLLIN)
         t0 = time.monotonic()
         try:
+            self.spawner.ensure_template()
             self.reattach()
             deadline = time.monotonic() + REATTACH_DEADLINE
             while self.reattaching and time.monotonic() < deadline and not self.stopping:
@@ -152,6 +157,7 @@ class Agent:
 
     def shutdown(self) -> None:
         """Stop serving. Every supervisor and every job keeps running."""
+        self.spawner.close()
         for link in list(self.all_links):
             link.close()
         if self.router is not None:
@@ -188,6 +194,8 @@ class Agent:
             self.on_signals(wake_r)
         elif item is self.router:
             self.serve()
+        elif isinstance(item, int) and self.spawner.owns(item):
+            self.spawner.readable(item)
         elif isinstance(item, int):
             pid_link = self.pidfd_owners.get(item)
             if pid_link is not None and not pid_link.closed and pid_link.pidfd == item:
@@ -291,7 +299,12 @@ class Agent:
         }
         try:
             spec.update(self.identity(job))
-            pid = spawn_supervisor(self.layout, rd, spec)
+            self.spawner.spawn(
+                rd, spec,
+                on_pid=lambda pid: log.info("job %d attempt %d: supervisor spawned (pid %d)",
+                                            job.id, job.attempt, pid),
+                on_ready=lambda: self.spawned(job.id, job.attempt, None),
+                on_gone=lambda why: self.spawned(job.id, job.attempt, why))
         except (SpawnError, OSError) as exc:
             log.error("job %d: %s", job.id, exc)
             if os.path.isdir(rd.path) and not fallback.lock_is_free(rd):
@@ -300,9 +313,19 @@ class Agent:
             shutil.rmtree(rd.path, ignore_errors=True)
             self.finalize(job, state="failed", exit_code=None, sig=None,
                           reason=f"could not start its supervisor: {exc}")
+
+    def spawned(self, job_id: int, attempt: int, gone: str | None) -> None:
+        """A new supervisor has bound its socket (``gone`` None), or ended before it did.
+
+        Connecting only now means the hello and the claim reach it at once (spawn.py)."""
+        job = self.db.get(job_id)
+        if job is None or job.attempt != attempt or job.final or job_id in self.links:
             return
-        log.info("job %d attempt %d: supervisor spawned (pid %d)", job.id, job.attempt, pid)
-        self.db.update(job.id, supervisor_pid=pid)
+        rd = self.layout.run_dir(job_id, attempt)
+        if gone is not None and fallback.lock_is_free(rd):
+            log.warning("job %d attempt %d: %s", job_id, attempt, gone)
+            self.gone(job)
+            return
         self.connect(job, rd, fresh=True)
 
     # ---- following a supervisor ------------------------------------------------------------

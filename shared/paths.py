@@ -4,6 +4,7 @@
     <state_dir>/agent.sock          the agent's ZeroMQ ROUTER (ipc), for the CLI
     <state_dir>/tether.db           SQLite: intent and history (agent only)
     <state_dir>/supervisors.log     supervisors' stderr, appended
+    <state_dir>/template.sock       the warm supervisor template (SOCK_SEQPACKET, 0600)
     <state_dir>/run/<job>.<attempt>/
         lock       flock: taken by the agent before spawning, inherited and held by the supervisor
         spec.json  what to run, written by the agent before the spawn
@@ -90,6 +91,10 @@ class Layout:
     @property
     def db(self) -> str:
         return os.path.join(self.state_dir, "tether.db")
+
+    @property
+    def template_sock(self) -> str:
+        return os.path.join(self.state_dir, "template.sock")
 
     @property
     def supervisor_log(self) -> str:

@@ -89,10 +89,16 @@ class EventWaiter:
 
 
 class Supervisor:
-    def __init__(self, rd: RunDir, spec: dict[str, Any], lock_fd: int) -> None:
+    def __init__(self, rd: RunDir, spec: dict[str, Any], lock_fd: int,
+                 ready_fd: int = -1) -> None:
         self.rd = rd
         self.spec = spec
         self.lock_fd = lock_fd
+        #: the agent's ready pipe: one byte once the socket is bound, so that the agent connects
+        #: then, and its hello and claim arrive at once rather than at a reconnect retry
+        self.ready_fd = ready_fd
+        #: "warm" (forked from the template) or "cold" (a Python start of its own)
+        self.start_kind = "cold"
         self.step = Step(job=rd.job, attempt=rd.attempt, ntasks=spec["ntasks"])
         self.pmi: PmiServer | None = None
         self.channels: PmiChannels | None = None
@@ -150,10 +156,11 @@ class Supervisor:
         finally:
             os.umask(old_umask)
         self.write_manifest()
+        self.signal_ready()
         self.claim_timer = self.timers.at(
             time.monotonic() + float(self.spec["claim_timeout"]), self.claim_expired)
-        log.info("ready on %s; waiting up to %gs for the agent's claim", self.rd.sock,
-                 self.spec["claim_timeout"])
+        log.info("ready on %s (%s start); waiting up to %gs for the agent's claim",
+                 self.rd.sock, self.start_kind, self.spec["claim_timeout"])
         poller = self.poller
         poller.register(self.router, zmq.POLLIN)
         poller.register(wake_r, zmq.POLLIN)
@@ -181,6 +188,16 @@ class Supervisor:
                 _unlink(self.rd.sock)
         log.info("supervisor exits")
         return 0
+
+    def signal_ready(self) -> None:
+        if self.ready_fd < 0:
+            return
+        try:
+            os.write(self.ready_fd, b"r")
+        except OSError as exc:  # the agent went away: a restarted one finds us by the lock
+            log.info("ready pipe: %s", exc)
+        os.close(self.ready_fd)
+        self.ready_fd = -1
 
     def serve(self) -> None:
         assert self.router is not None
