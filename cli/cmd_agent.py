@@ -13,6 +13,7 @@ from tether.cli.errors import CliError
 
 def agent(state_dir: str, ns: argparse.Namespace) -> int:
     from tether.agent.daemon import Agent, AgentConfig, AgentError, allowed_cpus, memory_mb
+    from tether.agent.db import SchemaError
     from tether.shared.paths import PathTooLong
 
     logging.basicConfig(level=ns.log_level, stream=sys.stderr,
@@ -27,7 +28,7 @@ def agent(state_dir: str, ns: argparse.Namespace) -> int:
     )
     try:
         return Agent(cfg).run()
-    except (AgentError, PathTooLong) as exc:
+    except (AgentError, PathTooLong, SchemaError) as exc:
         raise CliError(str(exc)) from None
     except OSError as exc:
         raise CliError(f"agent: {exc}") from None
