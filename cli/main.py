@@ -20,6 +20,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, NoReturn
 
+import tether
+from tether.shared import protocol
 from tether.shared.client import Client, probe_unix
 from tether.shared.errors import RemoteError, TetherError, Unreachable
 from tether.shared.paths import Layout, default_state_dir
@@ -86,6 +88,8 @@ def env_pair(text: str) -> tuple[str, str]:
 
 def build_parser() -> Parser:
     p = Parser(prog="tether", description="Run jobs under per-step supervisors.")
+    p.add_argument("-V", "--version", action="version",
+                   version=f"tether {tether.__version__} (protocol {protocol.PROTOCOL_VERSION})")
     p.add_argument("--state-dir", help="agent state directory (default: $TETHER_STATE_DIR, "
                    "/var/lib/tether for root, else ~/.local/state/tether)")
     sub = p.add_subparsers(dest="cmd", required=True, parser_class=Parser)
