@@ -52,7 +52,6 @@ HELLO_TIMEOUT = 2.0
 CLAIM_TIMEOUT = 10.0
 WAIT_HOLD = 60.0
 RETRY_UNRESPONSIVE = 5.0
-REATTACH_DEADLINE = 3.0
 #: after a database write failed for want of space, the event is fed again this much later
 RETRY_FULL = 1.0
 
@@ -92,6 +91,8 @@ class Agent:
         self.router: zmq.Socket[Any] | None = None
         self.stopping = False
         self.reattaching: set[int] = set()
+        #: when the agent started, while some supervisor found at start has not answered yet
+        self.reattach_t0: float | None = None
         #: one machine per job whose attempt is not settled and forgotten (lifecycle.py)
         self.machines: dict[int, lifecycle.Machine] = {}
         #: events waiting for the transition in progress to complete (see ``feed``)
@@ -140,13 +141,11 @@ class Agent:
         t0 = time.monotonic()
         try:
             self.spawner.ensure_template()
+            # Serve at once: the live supervisors' allocations are back in the ledger and the
+            # dead ones are resolved from disk (all synchronous), and the hello and claim of the
+            # live ones are answered concurrently, in this loop, while requests are served.
             self.reattach()
-            deadline = time.monotonic() + REATTACH_DEADLINE
-            while self.reattaching and time.monotonic() < deadline and not self.stopping:
-                self.step(wake_r, cap_ms=int((deadline - time.monotonic()) * 1000) + 1)
-            if self.reattaching:
-                log.warning("reattach: %d supervisor(s) still unresolved; serving anyway",
-                            len(self.reattaching))
+            self.reattach_t0 = t0 if self.reattaching else None
             old = os.umask(0o077)
             try:
                 self.router = wire.bind_router(self.ctx, self.layout.sock)
@@ -179,6 +178,12 @@ class Agent:
             os.close(self.lock_fd)
         log.info("agent stopped; supervisors and jobs left running")
 
+    def reattach_done(self) -> None:
+        if self.reattach_t0 is not None and not self.reattaching:
+            log.info("reattach: every live supervisor answered %.0f ms after the start",
+                     (time.monotonic() - self.reattach_t0) * 1000)
+            self.reattach_t0 = None
+
     def step(self, wake_r: socket.socket, cap_ms: int | None = None) -> None:
         events = self.poller.poll(self.timers.timeout_ms(time.monotonic(), cap_ms))
         # An event handled earlier in this batch may close a pidfd and a later one reopen the
@@ -196,6 +201,7 @@ class Agent:
                 self.schedule()
         except Exception:
             log.exception("internal error in a timer or the scheduler")
+        self.reattach_done()
 
     def dispatch_event(self, item: Any, wake_r: socket.socket) -> None:
         if item is wake_r or item == wake_r.fileno():

@@ -155,8 +155,10 @@ class Supervisor:
             self.router = wire.bind_router(ctx, self.rd.sock)
         finally:
             os.umask(old_umask)
-        self.write_manifest()
+        # The agent may connect now: its hello is queued by ZeroMQ while the manifest's fsyncs
+        # run, and answered after them (the manifest's "ready" is not something it waits for).
         self.signal_ready()
+        self.write_manifest()
         self.claim_timer = self.timers.at(
             time.monotonic() + float(self.spec["claim_timeout"]), self.claim_expired)
         log.info("ready on %s (%s start); waiting up to %gs for the agent's claim",
