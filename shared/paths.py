@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
+
+from tether.shared.frozen import Frozen
 
 #: sizeof(sockaddr_un.sun_path) - 1 on Linux; libzmq refuses longer ipc paths.
 IPC_PATH_MAX = 107
@@ -49,11 +50,14 @@ def endpoint(path: str) -> str:
     return "ipc://" + check_ipc_path(path)
 
 
-@dataclass(frozen=True, slots=True)
-class RunDir:
+class RunDir(Frozen):
+    __slots__ = ("path", "job", "attempt")
     path: str
     job: int
     attempt: int
+
+    def __init__(self, path: str, job: int, attempt: int) -> None:
+        self._init(path=path, job=job, attempt=attempt)
 
     @property
     def lock(self) -> str:
@@ -76,9 +80,12 @@ class RunDir:
         return os.path.join(self.path, "exit.json")
 
 
-@dataclass(frozen=True, slots=True)
-class Layout:
+class Layout(Frozen):
+    __slots__ = ("state_dir",)
     state_dir: str
+
+    def __init__(self, state_dir: str) -> None:
+        self._init(state_dir=state_dir)
 
     @property
     def lock(self) -> str:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import msgpack
 
 from tether.shared.errors import BadRequest, RemoteError, TetherError, UnknownKind, VersionMismatch
+from tether.shared.frozen import Frozen
 
 # Annotations only (they are strings here): ``typing`` and ``collections`` cost every client and
 # supervisor ~6 ms of start-up. mypy treats any name TYPE_CHECKING as true.
@@ -34,25 +35,7 @@ MAX_FRAME = 1 << 20
 RequestId = int | str
 
 
-class _Frozen:
-    """Immutable keyword-only records. Plain ``__slots__`` classes rather than dataclasses:
-    ``dataclasses`` pulls ``inspect`` in, ~6 ms of every CLI's and supervisor's start."""
-
-    __slots__: tuple[str, ...] = ()
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        raise AttributeError(f"{type(self).__name__} is immutable")
-
-    def __eq__(self, other: object) -> bool:
-        return type(other) is type(self) and all(
-            getattr(self, f) == getattr(other, f) for f in self.__slots__)
-
-    def __repr__(self) -> str:
-        fields = ", ".join(f"{f}={getattr(self, f)!r}" for f in self.__slots__)
-        return f"{type(self).__name__}({fields})"
-
-
-class Request(_Frozen):
+class Request(Frozen):
     __slots__ = ("id", "kind", "args", "v")
     id: RequestId
     kind: str
@@ -61,14 +44,10 @@ class Request(_Frozen):
 
     def __init__(self, *, id: RequestId, kind: str, args: Mapping[str, Any] | None = None,
                  v: int = PROTOCOL_VERSION) -> None:
-        _set = object.__setattr__
-        _set(self, "id", id)
-        _set(self, "kind", kind)
-        _set(self, "args", {} if args is None else args)
-        _set(self, "v", v)
+        self._init(id=id, kind=kind, args={} if args is None else args, v=v)
 
 
-class Reply(_Frozen):
+class Reply(Frozen):
     __slots__ = ("id", "ok", "result", "code", "message")
     id: RequestId | None
     ok: bool
@@ -78,12 +57,7 @@ class Reply(_Frozen):
 
     def __init__(self, *, id: RequestId | None, ok: bool, result: Any = None, code: str = "",
                  message: str = "") -> None:
-        _set = object.__setattr__
-        _set(self, "id", id)
-        _set(self, "ok", ok)
-        _set(self, "result", result)
-        _set(self, "code", code)
-        _set(self, "message", message)
+        self._init(id=id, ok=ok, result=result, code=code, message=message)
 
     def unwrap(self) -> Any:
         """The result, or the error re-raised as ``RemoteError``."""
