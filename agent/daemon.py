@@ -91,6 +91,8 @@ class Agent:
         self.router: zmq.Socket[Any] | None = None
         self.stopping = False
         self.reattaching: set[int] = set()
+        #: supervisor identities learnt from a hello, written with the claim's "running"
+        self.idents: dict[int, ProcId] = {}
         #: when the agent started, while some supervisor found at start has not answered yet
         self.reattach_t0: float | None = None
         #: one machine per job whose attempt is not settled and forgotten (lifecycle.py)
@@ -390,6 +392,7 @@ class Agent:
             self.reattaching.discard(job_id)
         if new.final and self.machines.get(job_id) is new:
             del self.machines[job_id]
+            self.idents.pop(job_id, None)
             link = self.links.get(job_id)
             if link is not None:
                 self.drop_link(link)
@@ -405,8 +408,11 @@ class Agent:
             elif isinstance(eff, lifecycle.Requeue):
                 self.requeue(m, eff.reason)
             elif isinstance(eff, lifecycle.RecordRunning):
+                ident = self.idents.pop(m.job, None)
+                who = {} if ident is None else {"supervisor_pid": ident.pid,
+                                                "supervisor_ticks": ident.start_ticks}
                 job = self.db.update(m.job, state="running", pids=list(eff.pids),
-                                     started_at=eff.started_at or rfc3339_now())
+                                     started_at=eff.started_at or rfc3339_now(), **who)
                 log.info("job %d attempt %d running: pids %s", m.job, m.attempt, job.pids)
             elif isinstance(eff, lifecycle.RecordPid):
                 if eff.pid > 0:
@@ -511,12 +517,16 @@ class Agent:
             self.by_pidfd[link.pidfd] = link
             self.poller.register(link.pidfd, zmq.POLLIN)
             job = self.db.get_required(link.job)
-            if job.supervisor_pid != ident.pid or job.supervisor_ticks != ident.start_ticks:
+            phase = res["phase"]
+            m = self.machines[link.job]
+            if phase == "ready" and not m.cancel:
+                # A claim follows: its "running" write records the identity too (one commit,
+                # one fsync, fewer on every launch).
+                self.idents[link.job] = ident
+            elif job.supervisor_pid != ident.pid or job.supervisor_ticks != ident.start_ticks:
                 with contextlib.suppress(StoreFull):  # information only
                     self.db.update(job.id, supervisor_pid=ident.pid,
                                    supervisor_ticks=ident.start_ticks)
-            phase = res["phase"]
-            m = self.machines[link.job]
             if phase == "ready" and not m.cancel and "stall-before-claim" in self.cfg.faults:
                 log.warning("job %d: fault injection: not claiming", link.job)
                 return

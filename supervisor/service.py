@@ -528,7 +528,10 @@ class Supervisor:
             "started_at": self.step.started_at,
         }
         try:
-            records.atomic_write_json(self.rd.manifest, man)
+            # Only "launching" must survive a power cut: it is what says tasks may have run
+            # (lost, never run again). "ready" and no manifest mean the same (never ran), and
+            # "running" adds identities that a reboot makes moot: two fsyncs each, saved.
+            records.atomic_write_json(self.rd.manifest, man, durable=launching)
         except OSError as exc:
             log.error("cannot write the manifest %s: %s", self.rd.manifest, exc)
             return False
