@@ -22,9 +22,10 @@ instead of at some later reconnect retry of libzmq. EOF on the pipe without that
 the supervisor is gone before it was ready.
 
 Races:
-- The template takes the request but hangs: after ``TEMPLATE_TIMEOUT`` it is killed (it is
-  broken), which also closes its copy of the lock. Lock still held: it did fork the supervisor,
-  which goes on. Lock free: nothing started; the spawn is redone cold.
+- The template takes the request but hangs: when it has answered nothing for
+  ``TEMPLATE_TIMEOUT`` (a burst of requests queued behind each other is progress, not a hang),
+  it is killed (it is broken), which also closes its copy of the lock. Lock still held: it did
+  fork the supervisor, which goes on. Lock free: nothing started; the spawn is redone cold.
 - The agent gives up on a request the template then serves: the template checks the connection
   before forking, and a supervisor still checks that the lock it holds is its run directory's
   current lock file before it binds anything (``supervisor/__main__.py``).
@@ -113,6 +114,8 @@ class Spawner:
         self.template_down: str | None = None
         self.template_started = -1e9
         self.template_ident: ProcId | None = None
+        #: when the template last answered a request (it is busy, not hung, while this moves)
+        self.template_answered = -1e9
         self.identity = template_wire.code_identity() if use_template else ""
 
     # ---- the template ----------------------------------------------------------------------
@@ -296,6 +299,7 @@ class Spawner:
         except OSError:
             data = b""  # reset by a dying template: decoded below as "closed"
         self._drop_conn(sp)
+        self.template_answered = time.monotonic()
         try:
             reply = template_wire.decode(data)
             if not reply.get("ok") or not isinstance(reply.get("pid"), int):
@@ -308,6 +312,12 @@ class Spawner:
 
     def _template_hung(self, sp: _Spawn) -> None:
         if sp.conn is None:
+            return
+        quiet = time.monotonic() - self.template_answered
+        if quiet < TEMPLATE_TIMEOUT:  # busy with the requests queued before this one
+            assert sp.conn is not None
+            sp.timers.append(self.timers.at(time.monotonic() + TEMPLATE_TIMEOUT - quiet,
+                                            lambda: self._template_hung(sp)))
             return
         ident = _peer_ident_of(sp.conn)
         self._drop_conn(sp)

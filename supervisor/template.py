@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         sock.bind(args.socket)
     finally:
         os.umask(old)
-    sock.listen(64)
+    sock.listen(1024)  # a burst of submits queues here, answered in order
     inode = os.stat(args.socket).st_ino
     setproctitle.setproctitle(f"tether-template dir={os.path.dirname(args.socket)}")
     log.info("supervisor template %s ready on %s", identity, args.socket)
