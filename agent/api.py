@@ -170,15 +170,10 @@ def cancel(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
     if job.state in FINAL:
         raise StateError(f"job {job.id} has already ended ({job.state})")
     if job.state == "pending":
-        agent.finalize(job, state="cancelled", exit_code=None, sig=None,
-                       reason="cancelled while pending")
-        return agent.db.get_required(job.id).public()
+        return agent.cancel_pending(job).public()
     assert job.state in ACTIVE
     job = agent.db.update(job.id, cancel_requested=1)  # durable before anything is sent
-    link = agent.links.get(job.id)
-    if link is not None and link.pidfd is not None:
-        agent.terminate(link, job)
-    # otherwise the claim or reattach path sees cancel_requested and acts on it
+    agent.cancel(job)
     return job.public()
 
 
