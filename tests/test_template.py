@@ -218,8 +218,11 @@ def test_status_is_answered_while_fifty_steps_start(make_node: object) -> None:
     wait_template(node)
     seen: list[dict[str, int]] = []
     with Client(node.layout.sock, timeout=20) as client:
-        ids = [client.call("submit", {"command": ["sleep", "60"], "workdir": node.work,
-                                      "env": {}})["id"] for _ in range(50)]
+        ids = []
+        for _ in range(50):  # a status after every submit, while the earlier ones start
+            ids.append(client.call("submit", {"command": ["sleep", "60"], "workdir": node.work,
+                                              "env": {}})["id"])
+            seen.append(client.call("status")["jobs"])
 
         def all_running() -> bool:
             seen.append(client.call("status")["jobs"])
