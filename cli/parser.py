@@ -148,10 +148,14 @@ def add_status(sub: Any) -> None:
     add_json(s, "the agent's status")
 
 
-OUTPUT_HELP = """output file names (--output, --error; relative to --workdir):
-  %j  the job id
-  The files are truncated when the job starts. Default: tether-%j.out in the working
-  directory for both streams."""
+OUTPUT_HELP = """output file names (--output, --error; relative to --workdir), as Slurm's:
+  %j  the job id              %A  the array's id (the job id outside an array)
+  %x  the job name            %a  the array index (0 outside an array)
+  %u  the user                %t  the task's rank: each task gets its own files
+  %N  the node name           %%  a %
+  A number after the % zero-pads (%4j: 0042). Default: tether-%N-%j.out for both streams.
+  The files are truncated when the job starts; a command that cannot be executed leaves
+  its reason in the error file."""
 
 
 def add_submit(sub: Any) -> None:
@@ -172,7 +176,7 @@ def add_submit(sub: Any) -> None:
     s.add_argument("--name", metavar="NAME",
                    help="job name, up to 256 characters (default: the command's base name)")
     s.add_argument("--output", metavar="PATH",
-                   help="file for the tasks' stdout; tokens below (default tether-%%j.out)")
+                   help="file for the tasks' stdout; tokens below (default tether-%%N-%%j.out)")
     s.add_argument("--error", metavar="PATH",
                    help="file for the tasks' stderr; tokens below (default: the --output file)")
     s.add_argument("--workdir", metavar="DIR",

@@ -11,9 +11,9 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.helpers import CLI, Node
 from tether.cli.introspect import commands
 from tether.cli.parser import build_parser
-from tests.helpers import CLI, Node
 
 
 def out(*args: str) -> str:
@@ -94,7 +94,7 @@ def test_man_page_renders_cleanly_and_names_every_option() -> None:
     for c in commands(build_parser()):
         assert f"tether {c.name}" in text
         for o in c.options:
-            assert o.names[-1] in text.replace("- ", "-"), f"{c.name} {o.names[-1]} missing from the man page"
+            assert o.names[-1] in text.replace("- ", "-"), f"{c.name} {o.names[-1]} missing"
 
 
 # ---- the agent's settings file --------------------------------------------------------------
