@@ -92,6 +92,8 @@ class Agent:
         self.router: zmq.Socket[Any] | None = None
         self.stopping = False
         self.reattaching: set[int] = set()
+        #: live supervisors found at start, to be asked (hello) once the agent serves
+        self.probes: list[tuple[int, int]] = []
         #: supervisor identities learnt from a hello, written with the claim's "running"
         self.idents: dict[int, ProcId] = {}
         #: when the agent started, while some supervisor found at start has not answered yet
@@ -188,6 +190,8 @@ class Agent:
             self.reattach_t0 = None
 
     def step(self, wake_r: socket.socket, cap_ms: int | None = None) -> None:
+        if self.probes:
+            cap_ms = 0  # requests already queued first, then the reattach probes
         events = self.poller.poll(self.timers.timeout_ms(time.monotonic(), cap_ms))
         # An event handled earlier in this batch may close a pidfd and a later one reopen the
         # same number for another supervisor: resolve fds against the owners at poll time.
@@ -204,6 +208,9 @@ class Agent:
                 self.schedule()
         except Exception:
             log.exception("internal error in a timer or the scheduler")
+        probes, self.probes = self.probes, []
+        for job_id, attempt in probes:
+            self.feed(job_id, attempt, lifecycle.LockHeld())
         self.reattach_done()
 
     def dispatch_event(self, item: Any, wake_r: socket.socket) -> None:
@@ -728,7 +735,9 @@ class Agent:
         elif fallback.lock_is_free(rd):
             self.gone(job.id, job.attempt)
         else:
-            self.feed(job.id, job.attempt, lifecycle.LockHeld())
+            # Probed once the agent serves (``step``): the hellos wake every live supervisor
+            # at once, and on a small node their answers would hold up the first request.
+            self.probes.append((job.id, job.attempt))
 
     def orphan(self, rd: RunDir) -> None:
         """A run directory of no active attempt: an unacknowledged result, or a leftover."""
