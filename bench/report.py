@@ -48,7 +48,8 @@ def table(r: dict[str, Any]) -> list[str]:
                          f"{st['restart_median_log_ms']} ms in the agent "
                          f"({st['restart_median_status_ms']} ms Popen -> status)",
                          "<= 60 ms @100, <= 400 ms @1,000",
-                         f"{st['restart_median_log_ms'] / st['steps']:.2f} ms per step, fixed costs included"))
+                         f"{st['restart_median_log_ms'] / st['steps']:.2f} ms per step, "
+                         "fixed costs included"))
         rows.append((f"status while {st['steps']} steps are submitted and start", "-",
                      med(st["status_while_starting_ms"]) + f", max "
                      f"{st['status_while_starting_ms'].get('max')} ms", "< 50 ms (issue 8)",
