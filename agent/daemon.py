@@ -43,7 +43,7 @@ from tether.agent.spawn import SpawnError, spawn_supervisor
 from tether.shared import protocol, wire
 from tether.shared.errors import RemoteError, TetherError
 from tether.shared.paths import Layout, RunDir
-from tether.shared.procid import ProcId
+from tether.shared.procid import ProcId, proc_stat
 from tether.shared.timers import Timer, Timers, rfc3339_now
 
 log = logging.getLogger("tether.agent")
@@ -269,7 +269,8 @@ class Agent:
             try:
                 job = self.db.update(job.id, state="starting", attempt=attempt,
                                      cpus=list(alloc.cpus), gpus=list(alloc.gpus), pids=[],
-                                     supervisor_pid=None, supervisor_ticks=None)
+                                     supervisor_pid=None, supervisor_ticks=None,
+                                     supervisor_boot=None, supervisor_session=None)
             except BaseException:
                 self.ledger.release(alloc)  # nothing was recorded: nothing is held
                 raise
@@ -485,10 +486,20 @@ class Agent:
             self.by_pidfd[link.pidfd] = link
             self.poller.register(link.pidfd, zmq.POLLIN)
             job = self.db.get_required(link.job)
-            if job.supervisor_pid != ident.pid or job.supervisor_ticks != ident.start_ticks:
-                with contextlib.suppress(StoreFull):  # information only
+            st = proc_stat(ident.pid)
+            session = st.session if st is not None else None
+            if (job.supervisor_pid, job.supervisor_ticks, job.supervisor_boot,
+                    job.supervisor_session) != (ident.pid, ident.start_ticks, ident.boot_id,
+                                                session):
+                # Durable before the claim: once tasks may exist, the database alone can lead
+                # to them (fallback.kill_leftovers), whatever becomes of the manifest.
+                try:
                     self.db.update(job.id, supervisor_pid=ident.pid,
-                                   supervisor_ticks=ident.start_ticks)
+                                   supervisor_ticks=ident.start_ticks,
+                                   supervisor_boot=ident.boot_id, supervisor_session=session)
+                except StoreFull as exc:
+                    self.feed(link.job, link.attempt, lifecycle.LinkError(message=exc.message))
+                    return
             phase = res["phase"]
             m = self.machines[link.job]
             if phase == "ready" and not m.cancel and "stall-before-claim" in self.cfg.faults:
@@ -600,7 +611,17 @@ class Agent:
             self.feed(job_id, attempt, lifecycle.LinkError(message=note or "lock held"))
             return
         job = self.db.get_required(job_id)
-        verdict = fallback.resolve(rd, job)
+        verdict: lifecycle.Verdict
+        try:
+            verdict = fallback.resolve(rd, job)
+        except Exception as exc:  # crash-only: whatever is on disk, a definite verdict
+            log.exception("job %d: reading %s", job_id, rd.path)
+            verdict = lifecycle.Lost(reason=f"its supervisor is gone and its run directory "
+                                            f"could not be read ({type(exc).__name__})")
+        if isinstance(verdict, lifecycle.NeverRan) and fallback.step_processes(job):
+            # Its files say nothing started, but processes of the step live: it did start.
+            verdict = lifecycle.Lost(reason=f"{verdict.reason}, but processes of the step "
+                                            "were running")
         if note and isinstance(verdict, lifecycle.Lost):
             verdict = lifecycle.Lost(reason=f"{verdict.reason}; {note}", kill=verdict.kill)
         self.feed(job_id, attempt, lifecycle.Gone(verdict=verdict))
@@ -612,7 +633,8 @@ class Agent:
         job = self.db.get_required(job_id)
         fields: dict[str, Any] = {"state": fin.state, "exit_code": fin.exit_code,
                                   "signal": fin.signal, "reason": fin.reason,
-                                  "ended_at": fin.ended_at or rfc3339_now()}
+                                  "ended_at": fin.ended_at or rfc3339_now(),
+                                  "core_dumped": fin.core_dumped}
         if fin.started_at and not job.started_at:
             fields["started_at"] = fin.started_at
         job = self.db.update(job.id, **fields)
@@ -635,7 +657,8 @@ class Agent:
     def requeue(self, m: lifecycle.Machine, why: str) -> None:
         """The attempt never ran: back to the queue (the machine decided it may)."""
         self.db.update(m.job, state="pending", cpus=[], gpus=[], pids=[],
-                       supervisor_pid=None, supervisor_ticks=None)
+                       supervisor_pid=None, supervisor_ticks=None, supervisor_boot=None,
+                       supervisor_session=None)
         log.warning("job %d attempt %d never ran (%s): back to the queue", m.job, m.attempt,
                     why)
         self.schedule_due = True

@@ -111,6 +111,11 @@ def sql(*statements: str) -> Callable[[sqlite3.Connection], None]:
 
 MIGRATIONS: list[Migration] = [
     Migration("the jobs table of release 0.1.0", _baseline),
+    Migration("the supervisor's boot id and session (to find a lost step's processes without "
+              "its manifest) and core_dumped",
+              sql("ALTER TABLE jobs ADD COLUMN supervisor_boot TEXT",
+                  "ALTER TABLE jobs ADD COLUMN supervisor_session INTEGER",
+                  "ALTER TABLE jobs ADD COLUMN core_dumped INTEGER NOT NULL DEFAULT 0")),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -150,6 +155,11 @@ class Job:
     user: str | None = None
     uid: int | None = None
     gid: int | None = None
+    #: the supervisor's boot id and session, recorded before it is claimed (tasks start in that
+    #: session): with supervisor_ticks, how a lost step is found when its manifest is unusable
+    supervisor_boot: str | None = None
+    supervisor_session: int | None = None
+    core_dumped: bool = False
 
     @property
     def allocation(self) -> Allocation:
@@ -170,7 +180,7 @@ class Job:
             "pids": self.pids, "output": self.output, "error": self.error,
             "workdir": self.workdir, "submitted_at": self.submitted_at,
             "started_at": self.started_at, "ended_at": self.ended_at, "pmi": self.pmi,
-            "user": self.user, "uid": self.uid,
+            "user": self.user, "uid": self.uid, "core_dumped": self.core_dumped,
         }
 
 
@@ -182,6 +192,7 @@ def _row(row: sqlite3.Row) -> Job:
     for col in _JSON_COLS:
         d[col] = json.loads(d[col])
     d["cancel_requested"] = bool(d["cancel_requested"])
+    d["core_dumped"] = bool(d.get("core_dumped"))
     return Job(**d)
 
 
