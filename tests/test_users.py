@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.helpers import Node, foreign_python, poll_until
+from tests.helpers import Node, default_output, foreign_python, poll_until
 from tether.shared import records
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -156,7 +156,7 @@ def test_job_as_another_user(node: Node, other_user: pwd.struct_passwd) -> None:
     assert job == 1
     j = node.wait_end(job)
     assert (j["state"], j["user"], j["uid"]) == ("completed", OTHER, other_user.pw_uid)
-    out = os.path.join(work, f"tether-{job}.out")
+    out = default_output(work, job)
     st = os.stat(out)
     assert (st.st_uid, st.st_gid) == (other_user.pw_uid, other_user.pw_gid)
     with open(out) as f:
@@ -204,7 +204,7 @@ def test_unwritable_or_planted_output_is_refused_before_launch(
     res = node.cli("submit", "--user", OTHER, "--workdir", work, "--output", link, "--",
                    "echo", "overwritten")
     assert res.returncode == 1 and "not a regular file" in res.stderr
-    assert node.ok("list") == "", "a refused job was recorded"
+    assert node.ok("list", "--json") == "[]\n", "a refused job was recorded"
     with open(secret) as f:
         assert f.read() == "root's\n"
 
