@@ -23,8 +23,9 @@ import shutil
 import signal
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import zmq
 
@@ -39,6 +40,9 @@ from tether.shared.errors import RemoteError, TetherError
 from tether.shared.paths import Layout, RunDir
 from tether.shared.procid import ProcId
 from tether.shared.timers import Timer, Timers, rfc3339_now
+
+if TYPE_CHECKING:
+    from tether.agent.cluster import ClusterConfig, ClusterNode
 
 log = logging.getLogger("tether.agent")
 
@@ -63,6 +67,7 @@ class AgentConfig:
     claim_timeout: float = 120.0
     linger: float = 3600.0
     faults: frozenset[str] = field(default_factory=frozenset)
+    cluster: ClusterConfig | None = None
 
 
 class AgentError(Exception):
@@ -95,6 +100,12 @@ class Agent:
         self.pidfd_owners: dict[int, Link] = {}
         self.lock_fd = -1
         self.store: Store | None = None
+        #: other fds in the poller and what to call when they are readable (the cluster's)
+        self.extra_fds: dict[int, Callable[[], None]] = {}
+        self.cluster: ClusterNode | None = None
+        if cfg.cluster is not None:
+            from tether.agent.cluster import ClusterNode  # psycopg only for cluster members
+            self.cluster = ClusterNode(self, cfg.cluster)
 
     @property
     def db(self) -> Store:
@@ -134,6 +145,8 @@ class Agent:
             if self.reattaching:
                 log.warning("reattach: %d supervisor(s) still unresolved; serving anyway",
                             len(self.reattaching))
+            if self.cluster is not None:
+                self.cluster.start()
             old = os.umask(0o077)
             try:
                 self.router = wire.bind_router(self.ctx, self.layout.sock)
@@ -152,6 +165,8 @@ class Agent:
 
     def shutdown(self) -> None:
         """Stop serving. Every supervisor and every job keeps running."""
+        if self.cluster is not None:
+            self.cluster.stop()
         for link in list(self.all_links):
             link.close()
         if self.router is not None:
@@ -188,6 +203,8 @@ class Agent:
             self.on_signals(wake_r)
         elif item is self.router:
             self.serve()
+        elif isinstance(item, int) and item in self.extra_fds:
+            self.extra_fds[item]()
         elif isinstance(item, int):
             pid_link = self.pidfd_owners.get(item)
             if pid_link is not None and not pid_link.closed and pid_link.pidfd == item:
@@ -241,6 +258,8 @@ class Agent:
         self.waiters.setdefault(job_id, []).append((peer, rid, timer))
 
     def job_ended(self, job: Job) -> None:
+        if self.cluster is not None:
+            self.cluster.job_ended(job)
         for peer, rid, timer in self.waiters.pop(job.id, []):
             timer.cancel()
             self.reply(peer, protocol.ok(rid, {"done": True, "job": job.public()}))
@@ -402,6 +421,8 @@ class Agent:
                 job = self.db.update(job.id, state="running", pids=pids,
                                      started_at=res.get("started_at") or rfc3339_now())
                 log.info("job %d attempt %d running: pids %s", job.id, job.attempt, pids)
+                if self.cluster is not None:
+                    self.cluster.job_running(job)
             if job.cancel_requested:
                 self.terminate(link, job)
             self.wait(link)

@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, NoReturn
 
+from tether.cli import cluster as cluster_cli
 from tether.shared.client import Client, probe_unix
 from tether.shared.errors import RemoteError, TetherError, Unreachable
 from tether.shared.paths import Layout, default_state_dir
@@ -88,6 +89,7 @@ def build_parser() -> Parser:
     p = Parser(prog="tether", description="Run jobs under per-step supervisors.")
     p.add_argument("--state-dir", help="agent state directory (default: $TETHER_STATE_DIR, "
                    "/var/lib/tether for root, else ~/.local/state/tether)")
+    cluster_cli.add_global(p)
     sub = p.add_subparsers(dest="cmd", required=True, parser_class=Parser)
 
     a = sub.add_parser("agent", help="run the node agent in the foreground")
@@ -104,10 +106,12 @@ def build_parser() -> Parser:
                    help="how long a supervisor keeps an unacknowledged result (default 3600)")
     a.add_argument("--log-level", default="INFO",
                    choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    cluster_cli.add_agent_args(a)
 
     def common(name: str, help: str, json_flag: bool = True) -> Parser:
         sp: Parser = sub.add_parser(name, help=help)
         sp.add_argument("--state-dir", dest="sub_state_dir")
+        cluster_cli.add_sub(sp)
         if json_flag:
             sp.add_argument("--json", action="store_true")
         return sp
@@ -127,6 +131,7 @@ def build_parser() -> Parser:
     s.add_argument("--pmi", choices=["none", "pmi1", "pmi2"], default="none",
                    help="serve PMI to the ranks from the step's supervisor (MPI jobs)")
     s.add_argument("--wait", action="store_true")
+    cluster_cli.add_submit_args(s)
     s.add_argument("command", nargs=argparse.REMAINDER)
     common("list", "list jobs, newest last")
     sh = common("show", "show one job")
@@ -157,6 +162,7 @@ def build_parser() -> Parser:
     sg.add_argument("job", type=job_id)
     sg.add_argument("signal", help="a name (TERM, SIGTERM, usr1) or a number")
     sg.add_argument("--rank", type=non_negative, help="only this task (default: every task)")
+    cluster_cli.add_parsers(sub, common)
     return p
 
 
@@ -508,6 +514,7 @@ def cmd_agent(state_dir: str, ns: argparse.Namespace) -> int:
         node=ns.node or socket.gethostname(), cancel_grace=ns.cancel_grace,
         claim_timeout=ns.claim_timeout, linger=ns.linger,
         faults=frozenset(f for f in os.environ.get("TETHER_AGENT_FAULT", "").split(",") if f),
+        cluster=cluster_cli.agent_config(ns),
     )
     try:
         return Agent(cfg).run()
@@ -532,6 +539,9 @@ def main(argv: list[str] | None = None) -> int:
         layout = Layout(os.path.abspath(state_dir))
         if ns.cmd == "agent":
             return cmd_agent(state_dir, ns)
+        clustered = cluster_cli.run(layout, ns)
+        if clustered is not None:
+            return clustered
         return COMMANDS[ns.cmd](layout, ns)
     except CliError as exc:
         print(f"tether: {exc}" if not str(exc).startswith("tether") else str(exc),
@@ -548,4 +558,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Run the module's importable copy, not this __main__ one: modules that import
+    # tether.cli.main (cli/cluster.py) must see the same CliError class as the one caught here.
+    from tether.cli.main import main as _main
+    sys.exit(_main())
