@@ -20,6 +20,8 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from tether.cli.errors import EXIT_TIMEOUT, EXIT_USAGE, CliError
+from tether.cli.format import exit_status, fmt_exit, print_job
 from tether.shared.errors import NotFound, TetherError
 
 if TYPE_CHECKING:
@@ -32,82 +34,32 @@ CLUSTER_ONLY = ("nodes", "drain", "resume", "cluster")
 LOCAL_ONLY = ("status",)
 
 
-def positive_seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not 0 < value < 1e9:
-        raise argparse.ArgumentTypeError(f"must be a number of seconds > 0, got {text}")
-    return value
-
-
-def add_global(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--cluster", metavar="DSN", help="PostgreSQL DSN of a cluster (default: "
-                   "$TETHER_CLUSTER; with neither, this node's agent alone)")
-
-
-def add_sub(sp: argparse.ArgumentParser) -> None:
-    sp.add_argument("--cluster", dest="sub_cluster", metavar="DSN", help=argparse.SUPPRESS)
-
-
-def add_agent_args(a: argparse.ArgumentParser) -> None:
-    add_sub(a)
-    a.add_argument("--heartbeat", type=positive_seconds,
-                   help="with --cluster: seconds between heartbeats (default 2)")
-
-
-def add_submit_args(s: argparse.ArgumentParser) -> None:
-    s.add_argument("--no-requeue", action="store_true",
-                   help="with --cluster: fail the job, not requeue it, if its node goes down")
-
-
-def add_parsers(sub: Any, common: Callable[..., argparse.ArgumentParser]) -> None:
-    c = sub.add_parser("cluster", help="set up the cluster database")
-    csub = c.add_subparsers(dest="cluster_cmd", required=True, parser_class=type(c))
-    init = csub.add_parser("init", help="create or upgrade the schema (idempotent)")
-    init.set_defaults(sub_state_dir=None)
-    add_sub(init)
-    init.add_argument("--heartbeat-timeout", type=positive_seconds,
-                      help="seconds without a heartbeat before a node is declared down "
-                      "(default 30; unchanged on a re-init unless given)")
-    init.add_argument("--json", action="store_true")
-    common("nodes", "list the cluster's nodes")
-    d = common("drain", "take no new work on NODE (its jobs keep running)", json_flag=False)
-    d.add_argument("node")
-    r = common("resume", "let NODE take work again", json_flag=False)
-    r.add_argument("node")
-
-
 def dsn_of(ns: argparse.Namespace) -> str | None:
-    return (getattr(ns, "sub_cluster", None) or getattr(ns, "cluster", None)
-            or os.environ.get("TETHER_CLUSTER") or None)
+    return getattr(ns, "cluster", None) or os.environ.get("TETHER_CLUSTER") or None
 
 
-def agent_config(ns: argparse.Namespace) -> Any:
+def agent_cluster(ns: argparse.Namespace) -> Any:
     """The agent's cluster settings, or None for a standalone agent."""
-    from tether.cli.main import CliError  # main imports this module: not at the top
-
     dsn = dsn_of(ns)
     if dsn is None:
         if ns.heartbeat is not None:
-            raise CliError("agent: --heartbeat needs --cluster DSN", 2)
+            raise CliError("agent: --heartbeat needs --cluster DSN", EXIT_USAGE)
         return None
     from tether.agent.cluster import ClusterConfig
 
     return ClusterConfig(dsn=dsn, heartbeat=ns.heartbeat or 2.0)
 
 
-def run(layout: Layout, ns: argparse.Namespace) -> int | None:
+def clustered(layout: Layout, ns: argparse.Namespace) -> int | None:
     """Run ``ns`` against the cluster, or None when it is a standalone command."""
-    from tether.cli.main import CliError
-
     dsn = dsn_of(ns)
     if dsn is None:
         if ns.cmd in CLUSTER_ONLY:
-            raise CliError(f"{ns.cmd}: needs a cluster (--cluster DSN or TETHER_CLUSTER)", 2)
+            raise CliError(f"{ns.cmd}: needs a cluster (--cluster DSN or TETHER_CLUSTER)",
+                           EXIT_USAGE)
         if getattr(ns, "no_requeue", False):
-            raise CliError("submit: --no-requeue applies to cluster jobs (--cluster DSN)", 2)
+            raise CliError("submit: --no-requeue applies to cluster jobs (--cluster DSN)",
+                           EXIT_USAGE)
         return None
     if ns.cmd in LOCAL_ONLY:
         return None
@@ -146,8 +98,6 @@ def cmd_init(conn: Conn, dsn: str, ns: argparse.Namespace) -> int:
 
 
 def _user(name: str | None) -> pwd.struct_passwd:
-    from tether.cli.main import CliError
-
     if name is None:
         return pwd.getpwuid(os.getuid())
     if os.geteuid() != 0:
@@ -160,7 +110,6 @@ def _user(name: str | None) -> pwd.struct_passwd:
 
 def cmd_submit(conn: Conn, dsn: str, ns: argparse.Namespace) -> int:
     from tether.agent.api import MAX_COMMAND_BYTES
-    from tether.cli.main import EXIT_USAGE, CliError
     from tether.shared import cluster_db
     from tether.shared.timers import rfc3339_now
 
@@ -207,7 +156,6 @@ def cmd_submit(conn: Conn, dsn: str, ns: argparse.Namespace) -> int:
 
 
 def cmd_list(conn: Conn, dsn: str, ns: argparse.Namespace) -> int:
-    from tether.cli.main import fmt_exit
     from tether.shared import cluster_db
 
     jobs: list[dict[str, Any]] = []
@@ -226,7 +174,6 @@ def cmd_list(conn: Conn, dsn: str, ns: argparse.Namespace) -> int:
 
 
 def _job(conn: Conn, job: int) -> dict[str, Any]:
-    from tether.cli.main import CliError
     from tether.shared import cluster_db
 
     try:
@@ -236,8 +183,6 @@ def _job(conn: Conn, job: int) -> dict[str, Any]:
 
 
 def cmd_show(conn: Conn, dsn: str, ns: argparse.Namespace) -> int:
-    from tether.cli.main import print_job
-
     job = _job(conn, ns.job)
     if ns.json:
         print(json.dumps(job))
@@ -258,7 +203,6 @@ def wait_for(conn: Conn, dsn: str, job: int, timeout: float | None,
     seconds); a database that goes away is waited for, like a restarting agent."""
     import psycopg
 
-    from tether.cli.main import EXIT_TIMEOUT, exit_status
     from tether.shared import cluster_db
     from tether.shared.cluster_sql import CHANNEL_JOB, FINAL
 
@@ -293,7 +237,6 @@ def wait_for(conn: Conn, dsn: str, job: int, timeout: float | None,
 
 
 def cmd_cancel(conn: Conn, dsn: str, ns: argparse.Namespace) -> int:
-    from tether.cli.main import CliError
     from tether.shared import cluster_db
 
     try:
@@ -321,7 +264,6 @@ def cmd_nodes(conn: Conn, dsn: str, ns: argparse.Namespace) -> int:
 
 
 def cmd_drain(conn: Conn, dsn: str, ns: argparse.Namespace) -> int:
-    from tether.cli.main import CliError
     from tether.shared import cluster_db
 
     try:
@@ -340,15 +282,15 @@ def cmd_on_node(conn: Conn, dsn: str, ns: argparse.Namespace) -> int:
     try:
         at = cluster_db.where(conn, ns.job)
     except NotFound as exc:
-        raise main.CliError(exc.message) from None
+        raise CliError(exc.message) from None
     if at["node"] is None or at["local_job"] is None:
-        raise main.CliError(f"job {ns.job} is {at['state']}: it runs on no node")
+        raise CliError(f"job {ns.job} is {at['state']}: it runs on no node")
     if at["host"] != socket.gethostname():
-        raise main.CliError(f"job {ns.job} runs on node {at['node']} (host {at['host']}): run "
+        raise CliError(f"job {ns.job} runs on node {at['node']} (host {at['host']}): run "
                             f"`tether {ns.cmd}` there")
     local = argparse.Namespace(**vars(ns))
     local.job = at["local_job"]
-    handler: Callable[[Layout, argparse.Namespace], int] = main.COMMANDS[ns.cmd]
+    handler: Callable[[Layout, argparse.Namespace], int] = main.load(main.VERBS[ns.cmd])
     return handler(Layout(at["state_dir"]), local)
 
 
