@@ -78,6 +78,9 @@ class ClusterNode:
         #: local jobs already told to stop (a cancel, or a stale attempt)
         self.stopping_local: set[int] = set()
         self.warned = False
+        #: the local table exists (results finalized by the reattach before ``start`` are
+        #: delivered by the outbox flush when the node joins)
+        self.ready = False
 
     # ---- the agent's hooks -----------------------------------------------------------------
 
@@ -85,6 +88,7 @@ class ClusterNode:
         """Before the agent serves: set the local table up, join if the database answers."""
         db = self.agent.db
         cluster_local.ensure(db.conn)
+        self.ready = True
         for run, state in cluster_local.open_runs(db.conn):
             if state == "pending":  # claimed in the very loop turn the last agent died in
                 self.stop_local(run, "abandoned at an agent restart before it started; the "
@@ -110,10 +114,12 @@ class ClusterNode:
 
     def job_ended(self, job: Job) -> None:
         """A local job reached a final state: its result is owed (delivered off this stack)."""
-        if cluster_local.get(self.agent.db.conn, job.id) is not None:
+        if self.ready and cluster_local.get(self.agent.db.conn, job.id) is not None:
             self.agent.timers.at(0.0, lambda: self.guarded(self.flush))
 
     def job_running(self, job: Job) -> None:
+        if not self.ready:
+            return  # reconcile reports it once the node joins
         run = cluster_local.get(self.agent.db.conn, job.id)
         if run is not None and run.status == "open" and self.conn is not None:
             self.guarded(lambda: self.report_running(run, job))
@@ -157,15 +163,17 @@ class ClusterNode:
         """Run one database action; a failure of the database never stops the agent."""
         try:
             action()
-        except shared_db.ClusterError as exc:
-            log.error("cluster: %s", exc.message)
-            self.disconnect()
-        except psycopg.Error as exc:
+        except (psycopg.Error, shared_db.ClusterUnreachable) as exc:
             if not self.warned:
+                why = exc.message if isinstance(exc, shared_db.ClusterError) else \
+                    shared_db.one_line(exc)
                 log.warning("cluster database unreachable or failing (%s): jobs keep running, "
                             "results are kept locally and delivered when it returns; no new "
-                            "work meanwhile", shared_db.one_line(exc))
+                            "work meanwhile", why)
                 self.warned = True
+            self.disconnect()
+        except shared_db.ClusterError as exc:
+            log.error("cluster: %s", exc.message)
             self.disconnect()
 
     def disconnect(self) -> None:
@@ -326,7 +334,7 @@ class ClusterNode:
     # ---- taking work -----------------------------------------------------------------------
 
     def claim(self) -> None:
-        if self.conn is None or self.state != "up" or self.agent.stopping:
+        if self.conn is None or self.state not in ("up", "draining") or self.agent.stopping:
             return
         ledger = self.agent.ledger
         db = self.agent.db

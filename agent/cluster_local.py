@@ -52,14 +52,18 @@ def _run(row: Any) -> Run:
 
 
 def record(conn: sqlite3.Connection, row: dict[str, Any], attempt: int) -> int:
-    """Insert the local job for a claimed cluster row and link it; the caller's transaction."""
+    """Insert the local job for a claimed cluster row and link it; the caller's transaction.
+
+    The tasks' own TETHER_JOB_ID and TETHER_ATTEMPT are this node's; the cluster's are added."""
+    env = dict(row["env"], TETHER_CLUSTER_JOB_ID=str(row["id"]),
+               TETHER_CLUSTER_ATTEMPT=str(attempt))
     cur = conn.execute(
         "INSERT INTO jobs (name, command, state, cpus_per_task, ntasks, gpus_req, memory_mb, "
         "output, error, workdir, env, submitted_at, pmi, user, uid, gid) VALUES "
         "(?, ?, 'pending', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         (row["name"], json.dumps(row["command"]), row["cpus_per_task"], row["ntasks"],
          row["gpus_req"], row["memory_mb"], row["output"], row["error"], row["workdir"],
-         json.dumps(row["env"]), row["submitted_at"] or rfc3339_now(), row["pmi"],
+         json.dumps(env), row["submitted_at"] or rfc3339_now(), row["pmi"],
          row["username"], row["uid"], row["gid"]))
     local = cur.lastrowid
     assert local is not None

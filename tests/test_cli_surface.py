@@ -102,7 +102,8 @@ def test_help_shows_no_internal_names(verb: str) -> None:
     res = cli(verb, "--help")
     assert res.returncode == 0, res.stderr
     assert not re.search(r"\b[A-Z]+_[A-Z_]+\b(?<!KEY=VALUE)", res.stdout.replace(
-        "TETHER_STATE_DIR", "").replace("XDG_STATE_HOME", "")), res.stdout
+        "TETHER_STATE_DIR", "").replace("XDG_STATE_HOME", "").replace("TETHER_CLUSTER", "")), \
+        res.stdout
     assert "SUB_STATE_DIR" not in res.stdout
 
 

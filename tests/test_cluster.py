@@ -180,8 +180,9 @@ def test_jobs_spread_over_nodes_with_todays_outputs(cluster: Cluster) -> None:
     cluster.agents("n0", "n1", "n2")
     res = cluster.cli("submit", "--cpus", "3", "--", "true")
     assert res.returncode == 1 and "can never run on any node" in res.stderr
-    ids = [cluster.submit("sh", "-c", GATE + "; echo hi") for _ in range(3)]
-    ids += [cluster.put("sh", "-c", GATE + "; echo hi") for _ in range(3)]
+    job_sh = GATE + "; echo hi $TETHER_CLUSTER_JOB_ID $TETHER_CLUSTER_ATTEMPT"
+    ids = [cluster.submit("sh", "-c", job_sh) for _ in range(3)]
+    ids += [cluster.put("sh", "-c", job_sh) for _ in range(3)]
     jobs = [cluster.wait_job(i, lambda j: j["state"] == "running", "running") for i in ids]
     assert {j["node"] for j in jobs} == {"n0", "n1", "n2"}
     nodes = json.loads(cluster.ok("nodes", "--json"))
@@ -195,7 +196,7 @@ def test_jobs_spread_over_nodes_with_todays_outputs(cluster: Cluster) -> None:
         job = cluster.wait_job(i, lambda j: j["state"] == "completed", "completed")
         assert (job["exit_code"], job["attempt"]) == (0, 1) and job["pids"]
         with open(job["output"]) as f:
-            assert f.read() == "hi\n"
+            assert f.read() == f"hi {i} 1\n"
     shown = json.loads(cluster.ok("show", str(ids[1]), "--json"))
     assert shown["node"] in ("n0", "n1", "n2") and shown["state"] == "completed"
     listing = cluster.ok("list")
