@@ -14,7 +14,7 @@ import msgpack
 
 import tether
 from tether.agent import users
-from tether.agent.db import ACTIVE, FINAL
+from tether.agent.db import ACTIVE, FINAL, SCHEMA_VERSION
 from tether.agent.ledger import Request as ResourceRequest
 from tether.shared import protocol
 from tether.shared.errors import BadRequest, NotFound, ResourceError, StateError, UnknownKind
@@ -47,6 +47,7 @@ def hello(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
 def status(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
     check_known(req.args, req.kind, ())
     out: dict[str, Any] = {"node": agent.cfg.node, "version": tether.__version__,
+                           "protocol": protocol.PROTOCOL_VERSION, "schema": SCHEMA_VERSION,
                            "pid": os.getpid(), "state_dir": agent.cfg.state_dir}
     out.update(agent.ledger.usage())
     out["jobs"] = agent.db.counts()
@@ -170,15 +171,10 @@ def cancel(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
     if job.state in FINAL:
         raise StateError(f"job {job.id} has already ended ({job.state})")
     if job.state == "pending":
-        agent.finalize(job, state="cancelled", exit_code=None, sig=None,
-                       reason="cancelled while pending")
-        return agent.db.get_required(job.id).public()
+        return agent.cancel_pending(job).public()
     assert job.state in ACTIVE
     job = agent.db.update(job.id, cancel_requested=1)  # durable before anything is sent
-    link = agent.links.get(job.id)
-    if link is not None and link.pidfd is not None:
-        agent.terminate(link, job)
-    # otherwise the claim or reattach path sees cancel_requested and acts on it
+    agent.cancel(job)
     return job.public()
 
 
@@ -197,4 +193,5 @@ def dispatch(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
     handler = HANDLERS.get(req.kind)
     if handler is None:
         raise UnknownKind(f"unknown request kind {req.kind!r}")
+    protocol.check_kind_version(req)
     return handler(agent, peer, req)

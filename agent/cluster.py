@@ -40,7 +40,7 @@ import psycopg
 import zmq
 
 import tether
-from tether.agent import cluster_db, cluster_local
+from tether.agent import cluster_db, cluster_local, lifecycle
 from tether.agent.db import FINAL, Job
 from tether.shared import cluster_db as shared_db
 from tether.shared.cluster_sql import CHANNEL_JOB, CHANNEL_QUEUE, demand
@@ -290,13 +290,11 @@ class ClusterNode:
                     run.cluster_job, run.attempt, why, " and discarding its result"
                     if discard else "")
         if job.state == "pending":
-            self.agent.finalize(job, state="cancelled", exit_code=None, sig=None, reason=why)
+            self.agent.job_ended(self.agent.finalize(job.id, lifecycle.Finalize(
+                state="cancelled", reason=why)))
             return
         job = db.update(job.id, cancel_requested=1)  # durable before anything is sent
-        link = self.agent.links.get(job.id)
-        if link is not None and link.pidfd is not None:
-            self.agent.terminate(link, job)
-        # otherwise the claim or reattach path sees cancel_requested and acts on it
+        self.agent.cancel(job)  # as `tether cancel` does: the job's machine stops it
 
     def report_running(self, run: cluster_local.Run, job: Job) -> None:
         assert self.conn is not None

@@ -17,6 +17,10 @@ from typing import Any
 
 import tether
 from tether.agent.ledger import Allocation
+from tether.shared.errors import Unavailable
+
+#: SQLite's result codes for a full disk or database (sqlite3.h)
+_FULL_CODES = (13, 13 | (1 << 8))  # SQLITE_FULL; SQLITE_IOERR is 10, handled by message
 
 log = logging.getLogger("tether.agent")
 
@@ -181,6 +185,15 @@ def _row(row: sqlite3.Row) -> Job:
     return Job(**d)
 
 
+class StoreFull(Unavailable):
+    """The state directory has no room for a write: nothing was changed; try again later."""
+
+
+def _full(exc: sqlite3.Error) -> bool:
+    code = getattr(exc, "sqlite_errorcode", None)
+    return code in _FULL_CODES or "full" in str(exc)
+
+
 class Store:
     def __init__(self, path: str) -> None:
         self.conn = sqlite3.connect(path, isolation_level=None)
@@ -235,11 +248,21 @@ class Store:
     def close(self) -> None:
         self.conn.close()
 
+    def _exec(self, sql: str, params: tuple[Any, ...] = ()) -> sqlite3.Cursor:
+        """Execute one statement; a full disk becomes ``StoreFull`` (nothing was written)."""
+        try:
+            return self.conn.execute(sql, params)
+        except sqlite3.OperationalError as exc:
+            if _full(exc):
+                raise StoreFull("state directory full: cannot record anything until space "
+                                "is freed") from None
+            raise
+
     def begin(self) -> None:
-        self.conn.execute("BEGIN IMMEDIATE")
+        self._exec("BEGIN IMMEDIATE")
 
     def commit(self) -> None:
-        self.conn.execute("COMMIT")
+        self._exec("COMMIT")
 
     def rollback(self) -> None:
         if self.conn.in_transaction:
@@ -251,8 +274,7 @@ class Store:
                 fields[col] = json.dumps(fields[col])
         cols = ", ".join(fields)
         marks = ", ".join("?" for _ in fields)
-        cur = self.conn.execute(f"INSERT INTO jobs ({cols}) VALUES ({marks})",
-                                tuple(fields.values()))
+        cur = self._exec(f"INSERT INTO jobs ({cols}) VALUES ({marks})", tuple(fields.values()))
         job_id = cur.lastrowid
         assert job_id is not None
         return self.get_required(job_id)
@@ -262,7 +284,7 @@ class Store:
             if col in fields:
                 fields[col] = json.dumps(fields[col])
         sets = ", ".join(f"{k} = ?" for k in fields)
-        self.conn.execute(f"UPDATE jobs SET {sets} WHERE id = ?", (*fields.values(), job_id))
+        self._exec(f"UPDATE jobs SET {sets} WHERE id = ?", (*fields.values(), job_id))
         return self.get_required(job_id)
 
     def get(self, job_id: int) -> Job | None:

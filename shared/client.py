@@ -67,6 +67,10 @@ class Client:
         self._sock: zmq.Socket[Any] | None = None
         # distinct per process so two clients never confuse each other's ids in logs
         self._prefix = os.getpid() << 20
+        #: the version ``hello`` negotiated, and the release the server said it is (None before
+        #: a hello: each request then goes out in the oldest version that has its kind)
+        self.protocol: int | None = None
+        self.release: str | None = None
 
     def _socket(self) -> zmq.Socket[Any]:
         if self._sock is None:
@@ -99,7 +103,9 @@ class Client:
         budget = self.timeout if timeout is None else timeout
         rid = self._prefix + next(self._ids)
         sock = self._socket()
-        frame = protocol.encode_request(protocol.Request(id=rid, kind=kind, args=args or {}))
+        v = protocol.version_for(kind, self.protocol)
+        frame = protocol.encode_request(protocol.Request(id=rid, kind=kind, args=args or {},
+                                                         v=v))
         deadline = time.monotonic() + budget
         try:
             sock.send(frame, zmq.NOBLOCK)
@@ -134,3 +140,12 @@ class Client:
             if reply.id is not None and reply.id != rid:
                 continue  # a stale reply to an earlier request
             return reply.unwrap()
+
+    def hello(self, **kw: Any) -> dict[str, Any]:
+        """Negotiate the protocol version; later calls are sent in it."""
+        res: dict[str, Any] = self.call("hello", {"versions": sorted(protocol.SUPPORTED_VERSIONS)},
+                                        **kw)
+        if res.get("protocol") in protocol.SUPPORTED_VERSIONS:
+            self.protocol = int(res["protocol"])
+        self.release = str(res.get("version", "?"))
+        return res

@@ -60,6 +60,12 @@ class LaunchError(TetherError):
     code = "launch"
 
 
+class Unavailable(TetherError):
+    """The node cannot do it now (for instance its state directory is full); try later."""
+
+    code = "unavailable"
+
+
 class RemoteError(TetherError):
     """An error reply received from a peer, re-raised on the client side."""
 
@@ -86,5 +92,6 @@ ERROR_CODES = {
         StateError,
         ResourceError,
         LaunchError,
+        Unavailable,
     )
 }
