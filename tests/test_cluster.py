@@ -170,6 +170,8 @@ def test_init_is_idempotent_and_bad_input_is_one_line(cluster: Cluster,
         ([*CLI, "--cluster", cluster.dsn, "show", "99"], 1, "no job 99"),
         ([*CLI, "--cluster", cluster.dsn, "drain", "ghost"], 1, "no node 'ghost'"),
     ]
+    queued = cluster.put("true")  # no agent: it stays queued
+    cases.append(([*CLI, "--cluster", cluster.dsn, "inspect", str(queued)], 1, "on no node"))
     for argv, rc, text in cases:
         res = subprocess.run(argv, capture_output=True, text=True, cwd=cluster.work)
         assert res.returncode == rc, (argv, res.stderr)
@@ -207,6 +209,9 @@ def test_jobs_spread_over_nodes_with_todays_outputs(cluster: Cluster) -> None:
     # cancel a running job: its node stops it and reports the end
     job_id = cluster.submit("sleep", "60")
     job = cluster.wait_job(job_id, lambda j: j["state"] == "running" and j["pids"], "running")
+    st = json.loads(cluster.ok("inspect", str(job_id), "--json"))  # on the job's node
+    assert st["state"] == "running" and st["pids"] == job["pids"]
+    assert cluster.cli("signal", str(job_id), "CONT").returncode == 0
     cluster.ok("cancel", str(job_id))
     job = cluster.wait_job(job_id, lambda j: j["state"] == "cancelled", "cancelled")
     poll_until(lambda: not pid_alive(job["pids"][0]), 15, "the cancelled task to die")
