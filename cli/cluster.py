@@ -20,8 +20,8 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from tether.cli.errors import EXIT_TIMEOUT, EXIT_USAGE, CliError
-from tether.cli.format import exit_status, fmt_exit, print_job
+from tether.cli.errors import EXIT_ERROR, EXIT_TIMEOUT, EXIT_USAGE, CliError
+from tether.cli.format import exit_status, print_job
 from tether.shared.errors import NotFound, TetherError
 
 if TYPE_CHECKING:
@@ -155,21 +155,28 @@ def cmd_submit(conn: Conn, dsn: str, ns: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_list(conn: Conn, dsn: str, ns: argparse.Namespace) -> int:
+def all_jobs(conn: Conn) -> list[dict[str, Any]]:
     from tether.shared import cluster_db
 
     jobs: list[dict[str, Any]] = []
     while True:
         page = cluster_db.list_jobs(conn, jobs[-1]["id"] if jobs else 0)
         if not page:
-            break
+            return jobs
         jobs.extend(page)
+
+
+def cmd_list(conn: Conn, dsn: str, ns: argparse.Namespace) -> int:
+    from tether.cli.jobfilter import select
+    from tether.cli.table import CLUSTER_FORMAT, parse_format, render
+
+    cols = parse_format(ns.format or CLUSTER_FORMAT)
+    jobs = select(all_jobs(conn), ns)
     if ns.json:
         print(json.dumps(jobs))
         return 0
-    for j in jobs:
-        print(f"{j['id']:>6}  {j['state']:<10} {fmt_exit(j):<6} {j['node'] or '-':<12} "
-              f"{j['name']:<16} {' '.join(j['command'])}")
+    for line in render(jobs, cols, header=not ns.no_header):
+        print(line)
     return 0
 
 
@@ -237,13 +244,30 @@ def wait_for(conn: Conn, dsn: str, job: int, timeout: float | None,
 
 
 def cmd_cancel(conn: Conn, dsn: str, ns: argparse.Namespace) -> int:
+    """As standalone ``cancel``: named jobs, filters, or both."""
+    from tether.cli.jobfilter import ALIASES, select
     from tether.shared import cluster_db
+    from tether.shared.errors import StateError
 
-    try:
-        cluster_db.cancel(conn, ns.job)
-    except TetherError as exc:
-        raise CliError(exc.message) from None
-    return 0
+    filtered = ns.state is not None or ns.user is not None or ns.name is not None
+    if not ns.jobs and not filtered:
+        raise CliError("cancel: name the jobs: JOB... or --state, --user, --name", EXIT_USAGE)
+    targets: list[int] = list(dict.fromkeys(ns.jobs))
+    if filtered:
+        if ns.state is None:  # by default only what can still be cancelled
+            ns.state = frozenset(ALIASES["active"])
+        chosen = [j["id"] for j in select(all_jobs(conn), ns)]
+        targets = [i for i in targets if i in set(chosen)] if targets else chosen
+    failed = 0
+    for job in targets:
+        try:
+            cluster_db.cancel(conn, job)
+        except TetherError as exc:
+            if filtered and not ns.jobs and isinstance(exc, StateError):
+                continue
+            print(f"tether: {exc.message}", file=sys.stderr)
+            failed += 1
+    return EXIT_ERROR if failed else 0
 
 
 def cmd_nodes(conn: Conn, dsn: str, ns: argparse.Namespace) -> int:

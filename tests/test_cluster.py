@@ -202,7 +202,11 @@ def test_jobs_spread_over_nodes_with_todays_outputs(cluster: Cluster) -> None:
     shown = json.loads(cluster.ok("show", str(ids[1]), "--json"))
     assert shown["node"] in ("n0", "n1", "n2") and shown["state"] == "completed"
     listing = cluster.ok("list")
-    assert all(re.search(rf"^\s+{i}\s+completed\s+0\s+n[012]\s", listing, re.M) for i in ids)
+    assert all(re.search(rf"^\s*{i}\s+root\s+sh\s+completed\s+n[012]\s+0\s", listing, re.M)
+               for i in ids), listing
+    assert listing.splitlines()[0].split()[:6] == ["ID", "USER", "NAME", "STATE", "NODE", "EXIT"]
+    assert json.loads(cluster.ok("list", "--json", "--state", "completed")) == [
+        json.loads(cluster.ok("show", str(i), "--json")) for i in ids]
     res = cluster.cli("submit", "--wait", "--", "sh", "-c", "exit 3")
     assert res.returncode == 3, res.stderr
 
