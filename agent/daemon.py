@@ -29,8 +29,9 @@ import signal
 import socket
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import zmq
 
@@ -44,8 +45,11 @@ from tether.agent.spawn import Spawner, SpawnError
 from tether.shared import protocol, wire
 from tether.shared.errors import RemoteError, TetherError
 from tether.shared.paths import Layout, RunDir
-from tether.shared.procid import ProcId
+from tether.shared.procid import ProcId, proc_stat
 from tether.shared.timers import Timer, Timers, rfc3339_now
+
+if TYPE_CHECKING:
+    from tether.agent.cluster import ClusterConfig, ClusterNode
 
 log = logging.getLogger("tether.agent")
 
@@ -68,6 +72,7 @@ class AgentConfig:
     claim_timeout: float = 120.0
     linger: float = 3600.0
     faults: frozenset[str] = field(default_factory=frozenset)
+    cluster: ClusterConfig | None = None
 
 
 class AgentError(Exception):
@@ -95,7 +100,7 @@ class Agent:
         #: live supervisors found at start, to be asked (hello) once the agent serves
         self.probes: list[tuple[int, int]] = []
         #: supervisor identities learnt from a hello, written with the claim's "running"
-        self.idents: dict[int, ProcId] = {}
+        self.idents: dict[int, dict[str, Any]] = {}
         #: when the agent started, while some supervisor found at start has not answered yet
         self.reattach_t0: float | None = None
         #: one machine per job whose attempt is not settled and forgotten (lifecycle.py)
@@ -113,6 +118,12 @@ class Agent:
                                watch=lambda fd: self.poller.register(fd, zmq.POLLIN),
                                unwatch=self.poller.unregister,
                                use_template="no-template" not in cfg.faults)
+        #: other fds in the poller and what to call when they are readable (the cluster's)
+        self.extra_fds: dict[int, Callable[[], None]] = {}
+        self.cluster: ClusterNode | None = None
+        if cfg.cluster is not None:
+            from tether.agent.cluster import ClusterNode  # psycopg only for cluster members
+            self.cluster = ClusterNode(self, cfg.cluster)
 
     @property
     def db(self) -> Store:
@@ -151,6 +162,8 @@ class Agent:
             # live ones are answered concurrently, in this loop, while requests are served.
             self.reattach()
             self.reattach_t0 = t0 if self.reattaching else None
+            if self.cluster is not None:
+                self.cluster.start()
             old = os.umask(0o077)
             try:
                 self.router = wire.bind_router(self.ctx, self.layout.sock)
@@ -169,6 +182,8 @@ class Agent:
 
     def shutdown(self) -> None:
         """Stop serving. Every supervisor and every job keeps running."""
+        if self.cluster is not None:
+            self.cluster.stop()
         self.spawner.close()
         for link in list(self.links.values()):
             link.close()
@@ -220,6 +235,8 @@ class Agent:
             self.serve()
         elif isinstance(item, int) and self.spawner.owns(item):
             self.spawner.readable(item)
+        elif isinstance(item, int) and item in self.extra_fds:
+            self.extra_fds[item]()
         elif isinstance(item, int):
             pid_link = self.pidfd_owners.get(item)
             if pid_link is not None and not pid_link.closed and pid_link.pidfd == item:
@@ -273,6 +290,8 @@ class Agent:
         self.waiters.setdefault(job_id, []).append((peer, rid, timer))
 
     def job_ended(self, job: Job) -> None:
+        if self.cluster is not None:
+            self.cluster.job_ended(job)
         for peer, rid, timer in self.waiters.pop(job.id, []):
             timer.cancel()
             self.reply(peer, protocol.ok(rid, {"done": True, "job": job.public()}))
@@ -293,7 +312,8 @@ class Agent:
             try:
                 job = self.db.update(job.id, state="starting", attempt=attempt,
                                      cpus=list(alloc.cpus), gpus=list(alloc.gpus), pids=[],
-                                     supervisor_pid=None, supervisor_ticks=None)
+                                     supervisor_pid=None, supervisor_ticks=None,
+                                     supervisor_boot=None, supervisor_session=None)
             except BaseException:
                 self.ledger.release(alloc)  # nothing was recorded: nothing is held
                 raise
@@ -416,12 +436,13 @@ class Agent:
             elif isinstance(eff, lifecycle.Requeue):
                 self.requeue(m, eff.reason)
             elif isinstance(eff, lifecycle.RecordRunning):
-                ident = self.idents.pop(m.job, None)
-                who = {} if ident is None else {"supervisor_pid": ident.pid,
-                                                "supervisor_ticks": ident.start_ticks}
+                who = self.idents.get(m.job, {})
                 job = self.db.update(m.job, state="running", pids=list(eff.pids),
                                      started_at=eff.started_at or rfc3339_now(), **who)
+                self.idents.pop(m.job, None)  # only once written: a full disk retries it
                 log.info("job %d attempt %d running: pids %s", m.job, m.attempt, job.pids)
+                if self.cluster is not None:
+                    self.cluster.job_running(job)
             elif isinstance(eff, lifecycle.RecordPid):
                 if eff.pid > 0:
                     self.db.update(m.job, supervisor_pid=eff.pid)
@@ -534,16 +555,24 @@ class Agent:
             self.by_pidfd[link.pidfd] = link
             self.poller.register(link.pidfd, zmq.POLLIN)
             job = self.db.get_required(link.job)
+            st = proc_stat(ident.pid)
+            session = st.session if st is not None else None
+            facts = {"supervisor_pid": ident.pid, "supervisor_ticks": ident.start_ticks,
+                     "supervisor_boot": ident.boot_id, "supervisor_session": session}
             phase = res["phase"]
             m = self.machines[link.job]
             if phase == "ready" and not m.cancel:
                 # A claim follows: its "running" write records the identity too (one commit,
-                # one fsync, fewer on every launch).
-                self.idents[link.job] = ident
-            elif job.supervisor_pid != ident.pid or job.supervisor_ticks != ident.start_ticks:
-                with contextlib.suppress(StoreFull):  # information only
-                    self.db.update(job.id, supervisor_pid=ident.pid,
-                                   supervisor_ticks=ident.start_ticks)
+                # one fsync, fewer on every launch). Before that write, the manifest leads to
+                # the step; after it, the database does too (fallback.kill_leftovers).
+                self.idents[link.job] = facts
+            elif (job.supervisor_pid, job.supervisor_ticks, job.supervisor_boot,
+                    job.supervisor_session) != tuple(facts.values()):
+                try:
+                    self.db.update(job.id, **facts)
+                except StoreFull as exc:
+                    self.feed(link.job, link.attempt, lifecycle.LinkError(message=exc.message))
+                    return
             if phase == "ready" and not m.cancel and "stall-before-claim" in self.cfg.faults:
                 log.warning("job %d: fault injection: not claiming", link.job)
                 return
@@ -654,7 +683,17 @@ class Agent:
             self.feed(job_id, attempt, lifecycle.LinkError(message=note or "lock held"))
             return
         job = self.db.get_required(job_id)
-        verdict = fallback.resolve(rd, job)
+        verdict: lifecycle.Verdict
+        try:
+            verdict = fallback.resolve(rd, job)
+        except Exception as exc:  # crash-only: whatever is on disk, a definite verdict
+            log.exception("job %d: reading %s", job_id, rd.path)
+            verdict = lifecycle.Lost(reason=f"its supervisor is gone and its run directory "
+                                            f"could not be read ({type(exc).__name__})")
+        if isinstance(verdict, lifecycle.NeverRan) and fallback.step_processes(job):
+            # Its files say nothing started, but processes of the step live: it did start.
+            verdict = lifecycle.Lost(reason=f"{verdict.reason}, but processes of the step "
+                                            "were running")
         if note and isinstance(verdict, lifecycle.Lost):
             verdict = lifecycle.Lost(reason=f"{verdict.reason}; {note}", kill=verdict.kill)
         self.feed(job_id, attempt, lifecycle.Gone(verdict=verdict))
@@ -666,7 +705,8 @@ class Agent:
         job = self.db.get_required(job_id)
         fields: dict[str, Any] = {"state": fin.state, "exit_code": fin.exit_code,
                                   "signal": fin.signal, "reason": fin.reason,
-                                  "ended_at": fin.ended_at or rfc3339_now()}
+                                  "ended_at": fin.ended_at or rfc3339_now(),
+                                  "core_dumped": fin.core_dumped}
         if fin.started_at and not job.started_at:
             fields["started_at"] = fin.started_at
         job = self.db.update(job.id, **fields)
@@ -689,7 +729,8 @@ class Agent:
     def requeue(self, m: lifecycle.Machine, why: str) -> None:
         """The attempt never ran: back to the queue (the machine decided it may)."""
         self.db.update(m.job, state="pending", cpus=[], gpus=[], pids=[],
-                       supervisor_pid=None, supervisor_ticks=None)
+                       supervisor_pid=None, supervisor_ticks=None, supervisor_boot=None,
+                       supervisor_session=None)
         log.warning("job %d attempt %d never ran (%s): back to the queue", m.job, m.attempt,
                     why)
         self.schedule_due = True
