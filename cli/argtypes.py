@@ -36,6 +36,13 @@ def seconds(text: str) -> float:
     return value
 
 
+def positive_seconds(text: str) -> float:
+    value = seconds(text)
+    if value < 0.05:
+        raise argparse.ArgumentTypeError(f"must be at least 0.05 seconds, got {text}")
+    return value
+
+
 def job_id(text: str) -> int:
     if not re.fullmatch(r"[1-9][0-9]{0,17}", text):
         raise argparse.ArgumentTypeError(f"{text!r} is not a job id")
