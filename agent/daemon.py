@@ -29,8 +29,9 @@ import signal
 import socket
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import zmq
 
@@ -46,6 +47,9 @@ from tether.shared.errors import RemoteError, TetherError
 from tether.shared.paths import Layout, RunDir
 from tether.shared.procid import ProcId
 from tether.shared.timers import Timer, Timers, rfc3339_now
+
+if TYPE_CHECKING:
+    from tether.agent.cluster import ClusterConfig, ClusterNode
 
 log = logging.getLogger("tether.agent")
 
@@ -68,6 +72,7 @@ class AgentConfig:
     claim_timeout: float = 120.0
     linger: float = 3600.0
     faults: frozenset[str] = field(default_factory=frozenset)
+    cluster: ClusterConfig | None = None
 
 
 class AgentError(Exception):
@@ -111,6 +116,12 @@ class Agent:
                                watch=lambda fd: self.poller.register(fd, zmq.POLLIN),
                                unwatch=self.poller.unregister,
                                use_template="no-template" not in cfg.faults)
+        #: other fds in the poller and what to call when they are readable (the cluster's)
+        self.extra_fds: dict[int, Callable[[], None]] = {}
+        self.cluster: ClusterNode | None = None
+        if cfg.cluster is not None:
+            from tether.agent.cluster import ClusterNode  # psycopg only for cluster members
+            self.cluster = ClusterNode(self, cfg.cluster)
 
     @property
     def db(self) -> Store:
@@ -149,6 +160,8 @@ class Agent:
             # live ones are answered concurrently, in this loop, while requests are served.
             self.reattach()
             self.reattach_t0 = t0 if self.reattaching else None
+            if self.cluster is not None:
+                self.cluster.start()
             old = os.umask(0o077)
             try:
                 self.router = wire.bind_router(self.ctx, self.layout.sock)
@@ -167,6 +180,8 @@ class Agent:
 
     def shutdown(self) -> None:
         """Stop serving. Every supervisor and every job keeps running."""
+        if self.cluster is not None:
+            self.cluster.stop()
         self.spawner.close()
         for link in list(self.links.values()):
             link.close()
@@ -213,6 +228,8 @@ class Agent:
             self.serve()
         elif isinstance(item, int) and self.spawner.owns(item):
             self.spawner.readable(item)
+        elif isinstance(item, int) and item in self.extra_fds:
+            self.extra_fds[item]()
         elif isinstance(item, int):
             pid_link = self.pidfd_owners.get(item)
             if pid_link is not None and not pid_link.closed and pid_link.pidfd == item:
@@ -266,6 +283,8 @@ class Agent:
         self.waiters.setdefault(job_id, []).append((peer, rid, timer))
 
     def job_ended(self, job: Job) -> None:
+        if self.cluster is not None:
+            self.cluster.job_ended(job)
         for peer, rid, timer in self.waiters.pop(job.id, []):
             timer.cancel()
             self.reply(peer, protocol.ok(rid, {"done": True, "job": job.public()}))
@@ -415,6 +434,8 @@ class Agent:
                 job = self.db.update(m.job, state="running", pids=list(eff.pids),
                                      started_at=eff.started_at or rfc3339_now(), **who)
                 log.info("job %d attempt %d running: pids %s", m.job, m.attempt, job.pids)
+                if self.cluster is not None:
+                    self.cluster.job_running(job)
             elif isinstance(eff, lifecycle.RecordPid):
                 if eff.pid > 0:
                     self.db.update(m.job, supervisor_pid=eff.pid)

@@ -34,13 +34,6 @@ def seconds(text: str) -> float:
     return value
 
 
-def positive_seconds(text: str) -> float:
-    value = seconds(text)
-    if value < 0.05:
-        raise argparse.ArgumentTypeError(f"must be at least 0.05 seconds, got {text}")
-    return value
-
-
 def job_id(text: str) -> int:
     if not re.fullmatch(r"[1-9][0-9]{0,17}", text):
         raise argparse.ArgumentTypeError(f"{text!r} is not a job id")
@@ -52,3 +45,11 @@ def env_pair(text: str) -> tuple[str, str]:
     if not sep or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
         raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE")
     return key, value
+
+
+def positive_seconds(text: str) -> float:
+    """A finite number of seconds > 0 (a heartbeat, a timeout)."""
+    value = seconds(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0 seconds, got {text}")
+    return value

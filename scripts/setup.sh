@@ -3,10 +3,13 @@
 #   bash scripts/setup.sh          tether itself, and nothing more (what the demo runs on):
 #                                  libcap headers for python-prctl, Debian's python3 with venv,
 #                                  and a venv at .venv with tether and its dependencies
+#   bash scripts/setup.sh --cluster  also postgresql (scripts/demo_cluster.sh starts a throwaway
+#                                  server in a temporary directory)
 #   bash scripts/setup.sh --tests  also what the tests need (scripts/test.sh): pytest, ruff and
 #                                  mypy in .venv, and from Debian mpich, libmpich-dev and
 #                                  libpmi2-0-dev (real MPI and PMI-2 clients for the PMI tests),
-#                                  zsh (the zsh completion is loaded by a real zsh), groff-base
+#                                  postgresql (the cluster tests' server), zsh (the zsh
+#                                  completion is loaded by a real zsh), groff-base
 #                                  (the man page is rendered) and tmux (`tether top` runs in a
 #                                  real terminal)
 # Debian's /usr/bin/python3 is used (not a pyenv shim): it starts fast and other users can run it.
@@ -18,8 +21,10 @@ packages=(libcap-dev python3-venv python3-dev)
 target="."
 case "${1:-}" in
     "") ;;
-    --tests) packages+=(mpich libmpich-dev libpmi2-0-dev zsh groff-base tmux); target=".[test]";;
-    *) echo "usage: bash scripts/setup.sh [--tests]" >&2; exit 2;;
+    --cluster) packages+=(postgresql);;
+    --tests) packages+=(mpich libmpich-dev libpmi2-0-dev postgresql zsh groff-base tmux)
+             target=".[test]";;
+    *) echo "usage: bash scripts/setup.sh [--cluster|--tests]" >&2; exit 2;;
 esac
 need=()
 for pkg in "${packages[@]}"; do
