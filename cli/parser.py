@@ -353,7 +353,7 @@ def add_top(sub: Any) -> None:
              "A live full-screen view of the node, refreshed every --interval: the agent's "
              "allocations, the running jobs with their CPU use (percent of one CPU since the "
              "last refresh) and memory from their supervisors, the pending jobs with the reason "
-             "they wait, the last jobs to end. Ctrl-C quits. When stdout is not a terminal it "
+             "they wait, the last jobs to end. q or Ctrl-C quits. When stdout is not a terminal it "
              "prints one plain snapshot per refresh instead.")
     s.add_argument("--interval", type=positive_seconds, default=1.0, metavar="SECONDS",
                    help="time between refreshes (default 1)")
