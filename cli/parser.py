@@ -110,7 +110,8 @@ def add_json(sp: Parser, what: str) -> None:
 def build_parser() -> Parser:
     from tether import __version__
 
-    p = Parser(prog="tether", usage="tether [-V] [--state-dir DIR] COMMAND [OPTIONS] ...",
+    p = Parser(prog="tether",
+               usage="tether [-V] [--state-dir DIR] [--cluster DSN] COMMAND [OPTIONS] ...",
                description="Run jobs on this node, each step under its own long-lived supervisor.",
                epilog=EXIT_CODES + "\n\n'tether COMMAND --help' describes each command.")
     p.add_argument("-V", "--version", action="version", version=f"tether {__version__}",
