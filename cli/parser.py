@@ -35,6 +35,7 @@ EXIT_CODES = """exit codes:
   2    bad usage
   124  wait --timeout ran out
   130  interrupted (Ctrl-C)
+  141  whoever read the output went away (tether list | head), as a SIGPIPE death
   wait and submit --wait exit with the job's own exit code, 128+N if signal N killed it"""
 
 
