@@ -101,7 +101,7 @@ def build_parser() -> Parser:
     p.add_argument("--state-dir", metavar="DIR", help=STATE_DIR_HELP)
     sub = p.add_subparsers(dest="cmd", metavar="COMMAND", parser_class=Parser, title="commands")
     for add in (add_agent, add_status, add_submit, add_list, add_show, add_wait, add_cancel,
-                add_inspect, add_attach, add_signal):
+                add_inspect, add_attach, add_signal, add_upgrade):
         add(sub)
     return p
 
@@ -263,3 +263,12 @@ def add_signal(sub: Any) -> None:
                    help="a name with or without SIG, any case (TERM, sigusr1, RTMIN+1) or a number")
     s.add_argument("--rank", type=non_negative, metavar="R",
                    help="only this task (default: every task)")
+
+
+def add_upgrade(sub: Any) -> None:
+    u = verb(sub, "upgrade-supervisors", "re-exec running supervisors into the installed tether",
+             "Make each running step's supervisor re-execute itself into the installed tether, "
+             "keeping its pid, its tasks, its socket and its state; exit 0 once each answers "
+             "as the installed version (docs/operations.md). Root or the agent's user only.")
+    u.add_argument("jobs", type=job_id, nargs="*", metavar="JOB",
+                   help="job ids (default: every step with a live supervisor)")

@@ -153,6 +153,9 @@ def test_new_cli_says_what_an_old_supervisor_cannot_do(
         with pytest.raises(VersionMismatch, match="is 0.1.0 and does not answer 'frobnicate'"):
             step.call("frobnicate")
         assert step.state()["state"] == "running"  # still fine for what it does answer
+    res = run(node, CLI, "upgrade-supervisors", str(job))
+    assert (res.returncode, res.stderr) == (
+        1, f"tether: job {job}'s supervisor is 0.1.0 and does not answer 'upgrade'\n")
     # the CLI against the 0.1.0 agent: what it does not know, in one line naming both releases
     both = f"this CLI is tether {tether.__version__} (protocol {protocol.PROTOCOL_VERSION})"
     with pytest.raises(CliError) as err:
