@@ -14,9 +14,9 @@ import msgpack
 
 import tether
 from tether.agent import users
-from tether.agent.db import ACTIVE, FINAL, SCHEMA_VERSION
+from tether.agent.db import ACTIVE, FINAL, SCHEMA_VERSION, Job
 from tether.agent.ledger import Request as ResourceRequest
-from tether.shared import protocol
+from tether.shared import outpattern, protocol
 from tether.shared.errors import BadRequest, NotFound, ResourceError, StateError, UnknownKind
 from tether.shared.protocol import arg_int, arg_number, arg_str, arg_str_list, check_known
 from tether.shared.timers import rfc3339_now
@@ -36,6 +36,8 @@ LIST_PAGE_BYTES = 256 * 1024
 #: A job's command line, in bytes: it travels in every reply that shows the job.
 MAX_COMMAND_BYTES = 128 * 1024
 PMI_KINDS = ("none", "pmi1", "pmi2")
+#: The node name keeps two agents' outputs apart in a shared directory (job ids are per agent).
+DEFAULT_OUTPUT = "tether-%N-%j.out"
 
 
 def hello(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
@@ -69,6 +71,26 @@ def _abs_path(args: Any, name: str, workdir: str) -> str | None:
     return os.path.normpath(os.path.join(workdir, value))
 
 
+def output_paths(job: Job, output: str, error: str, user: str, node: str) -> tuple[str, str]:
+    """The job's output and error names with its tokens expanded (``%t`` is left to the
+    supervisor, which gives each task its files); each name's directory must exist."""
+    array_id = getattr(job, "array_id", None)  # arrays: the scheduler's columns, when present
+    values = {"j": str(job.id), "x": job.name, "u": user, "N": node,
+              "A": str(job.id if array_id is None else array_id),
+              "a": str(getattr(job, "array_index", None) or 0)}
+    out, err = outpattern.for_job(output, values), outpattern.for_job(error, values)
+    for label, path in (("output", out), ("error", err)):
+        if not os.path.isdir(os.path.dirname(outpattern.for_task(path, 0))):
+            raise BadRequest(f"{label} file {path}: its directory does not exist")
+    return out, err
+
+
+def task_paths(out: str, err: str, ntasks: int) -> set[str]:
+    """Every file the tasks will write: one pair, or one per task with ``%t``."""
+    ranks = range(ntasks) if outpattern.per_task(out) or outpattern.per_task(err) else [0]
+    return {outpattern.for_task(p, r) for r in ranks for p in (out, err)}
+
+
 def submit(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
     args = req.args
     check_known(args, req.kind, ("command", "name", "cpus", "gpus", "memory_mb", "ntasks",
@@ -100,9 +122,6 @@ def submit(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
         raise BadRequest(f"unknown PMI {pmi!r}: use one of {', '.join(PMI_KINDS)}")
     output = _abs_path(args, "output", workdir)
     error = _abs_path(args, "error", workdir)
-    for label, path in (("output", output), ("error", error)):
-        if path is not None and not os.path.isdir(os.path.dirname(path)):
-            raise BadRequest(f"{label} file {path}: its directory does not exist")
     user_name = arg_str(args, "user", optional=True, max_len=64)
     if user_name is not None and os.geteuid() != 0:
         raise BadRequest("--user needs an agent running as root")
@@ -120,10 +139,11 @@ def submit(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
             gpus_req=gpus, memory_mb=memory, output="", error="", workdir=workdir, env=env,
             submitted_at=rfc3339_now(), pmi=pmi,
         )
-        out = (output or os.path.join(workdir, "tether-%j.out")).replace("%j", str(job.id))
-        err = (error or out).replace("%j", str(job.id))
+        out, err = output_paths(job, output or os.path.join(workdir, DEFAULT_OUTPUT),
+                                error or output or os.path.join(workdir, DEFAULT_OUTPUT),
+                                user.name, agent.cfg.node)
         if user_name is not None:  # before anything is kept: refused jobs leave no trace
-            users.check_access(user, workdir, sorted({out, err}))
+            users.check_access(user, workdir, sorted(task_paths(out, err, ntasks)))
         job = agent.db.update(job.id, output=out, error=err, user=user.name, uid=user.uid,
                               gid=user.gid)
         agent.db.commit()

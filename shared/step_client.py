@@ -27,6 +27,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from tether.shared import outpattern
 from tether.shared.client import Client, probe_unix
 from tether.shared.errors import RemoteError, TetherError, Unreachable, VersionMismatch
 from tether.shared.paths import Layout, default_state_dir
@@ -226,7 +227,9 @@ class StepClient:
         paths: dict[str, str] = {}
         if fallback:
             info = self.info()
-            paths = {"stdout": info["output"], "stderr": info["error"]}
+            # the first task's files, as the supervisor's readers (outpattern)
+            paths = {"stdout": outpattern.for_task(info["output"], 0),
+                     "stderr": outpattern.for_task(info["error"], 0)}
         while True:
             try:
                 res = self.call("output", {"stream": stream, "offset": self.offsets,

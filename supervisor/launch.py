@@ -20,6 +20,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from tether.shared import outpattern
 from tether.shared.procid import start_ticks
 from tether.supervisor.step import Step, Task, bounded
 
@@ -125,6 +126,30 @@ def _open_outputs_as(spec: dict[str, Any], paths: list[str]) -> list[int]:
     return [_check_opened(fd, path) for fd, path in zip(fds, paths, strict=True)]
 
 
+def _open_task_outputs(spec: dict[str, Any], rank: int) -> tuple[list[int], int, int]:
+    """The fds a task writes to (opened as the job's user when it is another one): the fds to
+    close afterwards, its stdout and its stderr."""
+    out_path = outpattern.for_task(spec["output"], rank)
+    err_path = outpattern.for_task(spec["error"], rank)
+    paths = [out_path] if err_path == out_path else [out_path, err_path]
+    fds: list[int] = []
+    try:
+        if _runs_as_other_user(spec):
+            fds = _open_outputs_as(spec, paths)
+        else:
+            for path in paths:
+                fds.append(_open_output(path))
+    except LaunchFailed:
+        _close(fds)
+        raise
+    return fds, fds[0], fds[-1]
+
+
+def _close(fds: list[int]) -> None:
+    for fd in fds:
+        os.close(fd)
+
+
 def _exec_reason(exc: OSError, spec: dict[str, Any]) -> str:
     if exc.filename == spec["workdir"]:
         return f"cannot enter working directory {spec['workdir']}: {exc.strerror}"
@@ -175,36 +200,36 @@ class Launcher:
 
     def launch(self, spec: dict[str, Any], step: Step) -> None:
         """Start every task. On a failure the started ones are killed by the caller."""
+        # A name with %t gives each task its own files (the agent expanded every other token).
+        per_task = outpattern.per_task(spec["output"]) or outpattern.per_task(spec["error"])
         fds: list[int] = []
         try:
-            paths = [spec["output"]] if spec["error"] == spec["output"] else [
-                spec["output"], spec["error"]]
-            if _runs_as_other_user(spec):
-                fds = _open_outputs_as(spec, paths)
-            else:
-                for path in paths:
-                    fds.append(_open_output(path))
-            out, err = fds[0], fds[-1]
+            fds, out, err = _open_task_outputs(spec, 0)
         except LaunchFailed as exc:
-            for fd in fds:
-                os.close(fd)
             step.tasks[0].record_launch_failure(str(exc))
             step.note_exit(step.tasks[0])
             _skip_rest(step, str(exc))
             raise
-        self.readers = _readers(out, err)
+        self.readers = _readers(out, err)  # introspection follows the first task's files
         own_affinity = os.sched_getaffinity(0)
         try:
             for task in step.tasks:
-                self._start(spec, task, out, err)
+                if per_task and task.rank > 0:
+                    _close(fds)
+                    fds = []
+                    try:
+                        fds, out, err = _open_task_outputs(spec, task.rank)
+                    except LaunchFailed as exc:
+                        task.record_launch_failure(str(exc))
+                if not task.done:
+                    self._start(spec, task, out, err)
                 step.note_exit(task)
                 if task.done:  # could not exec: the step fails, the others are not started
                     _skip_rest(step, task.reason or "launch failed")
                     raise LaunchFailed(task.reason or "launch failed")
         finally:
             os.sched_setaffinity(0, own_affinity)
-            for fd in fds:
-                os.close(fd)
+            _close(fds)
 
     def _start(self, spec: dict[str, Any], task: Task, out: int, err: int) -> None:
         cpus = spec["affinity"][task.rank]
@@ -241,6 +266,10 @@ class Launcher:
         except OSError as exc:
             task.record_launch_failure(_exec_reason(exc, spec))
             log.warning("task %d: %s", task.rank, task.reason)
+            try:  # where the user looks first; `show` has it too
+                os.write(err, f"tether: task {task.rank}: {task.reason}\n".encode())
+            except OSError:
+                pass
             return
         finally:
             if self.spawned is not None:
