@@ -29,8 +29,9 @@ import signal
 import socket
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import zmq
 
@@ -40,12 +41,15 @@ from tether.agent import api, fallback, lifecycle, users
 from tether.agent.db import ACTIVE, Job, Store, StoreFull
 from tether.agent.ledger import Allocation, Conflict, Ledger, Request
 from tether.agent.link import Link
-from tether.agent.spawn import SpawnError, spawn_supervisor
+from tether.agent.spawn import Spawner, SpawnError
 from tether.shared import protocol, wire
 from tether.shared.errors import RemoteError, TetherError
 from tether.shared.paths import Layout, RunDir
-from tether.shared.procid import ProcId
+from tether.shared.procid import ProcId, proc_stat
 from tether.shared.timers import Timer, Timers, rfc3339_now
+
+if TYPE_CHECKING:
+    from tether.agent.cluster import ClusterConfig, ClusterNode
 
 log = logging.getLogger("tether.agent")
 
@@ -53,7 +57,6 @@ HELLO_TIMEOUT = 2.0
 CLAIM_TIMEOUT = 10.0
 WAIT_HOLD = 60.0
 RETRY_UNRESPONSIVE = 5.0
-REATTACH_DEADLINE = 3.0
 #: a supervisor that answered ``upgrading`` closes its old connections within its linger (1 s)
 UPGRADE_PAUSE = 1.5
 #: after a database write failed for want of space, the event is fed again this much later
@@ -71,6 +74,7 @@ class AgentConfig:
     claim_timeout: float = 120.0
     linger: float = 3600.0
     faults: frozenset[str] = field(default_factory=frozenset)
+    cluster: ClusterConfig | None = None
 
 
 class AgentError(Exception):
@@ -95,6 +99,10 @@ class Agent:
         self.router: zmq.Socket[Any] | None = None
         self.stopping = False
         self.reattaching: set[int] = set()
+        #: supervisor identities learnt from a hello, written with the claim's "running"
+        self.idents: dict[int, dict[str, Any]] = {}
+        #: when the agent started, while some supervisor found at start has not answered yet
+        self.reattach_t0: float | None = None
         #: one machine per job whose attempt is not settled and forgotten (lifecycle.py)
         self.machines: dict[int, lifecycle.Machine] = {}
         #: events waiting for the transition in progress to complete (see ``feed``)
@@ -106,6 +114,16 @@ class Agent:
         self.pidfd_owners: dict[int, Link] = {}
         self.lock_fd = -1
         self.store: Store | None = None
+        self.spawner = Spawner(self.layout, self.timers,
+                               watch=lambda fd: self.poller.register(fd, zmq.POLLIN),
+                               unwatch=self.poller.unregister,
+                               use_template="no-template" not in cfg.faults)
+        #: other fds in the poller and what to call when they are readable (the cluster's)
+        self.extra_fds: dict[int, Callable[[], None]] = {}
+        self.cluster: ClusterNode | None = None
+        if cfg.cluster is not None:
+            from tether.agent.cluster import ClusterNode  # psycopg only for cluster members
+            self.cluster = ClusterNode(self, cfg.cluster)
 
     @property
     def db(self) -> Store:
@@ -138,13 +156,14 @@ class Agent:
         self.poller.register(wake_r, zmq.POLLIN)
         t0 = time.monotonic()
         try:
+            self.spawner.ensure_template()
+            # Serve at once: the live supervisors' allocations are back in the ledger and the
+            # dead ones are resolved from disk (all synchronous), and the hello and claim of the
+            # live ones are answered concurrently, in this loop, while requests are served.
             self.reattach()
-            deadline = time.monotonic() + REATTACH_DEADLINE
-            while self.reattaching and time.monotonic() < deadline and not self.stopping:
-                self.step(wake_r, cap_ms=int((deadline - time.monotonic()) * 1000) + 1)
-            if self.reattaching:
-                log.warning("reattach: %d supervisor(s) still unresolved; serving anyway",
-                            len(self.reattaching))
+            self.reattach_t0 = t0 if self.reattaching else None
+            if self.cluster is not None:
+                self.cluster.start()
             old = os.umask(0o077)
             try:
                 self.router = wire.bind_router(self.ctx, self.layout.sock)
@@ -163,6 +182,9 @@ class Agent:
 
     def shutdown(self) -> None:
         """Stop serving. Every supervisor and every job keeps running."""
+        if self.cluster is not None:
+            self.cluster.stop()
+        self.spawner.close()
         for link in list(self.links.values()):
             link.close()
         if self.router is not None:
@@ -175,6 +197,12 @@ class Agent:
         if self.lock_fd >= 0:
             os.close(self.lock_fd)
         log.info("agent stopped; supervisors and jobs left running")
+
+    def reattach_done(self) -> None:
+        if self.reattach_t0 is not None and not self.reattaching:
+            log.info("reattach: every live supervisor answered %.0f ms after the start",
+                     (time.monotonic() - self.reattach_t0) * 1000)
+            self.reattach_t0 = None
 
     def step(self, wake_r: socket.socket, cap_ms: int | None = None) -> None:
         events = self.poller.poll(self.timers.timeout_ms(time.monotonic(), cap_ms))
@@ -193,12 +221,17 @@ class Agent:
                 self.schedule()
         except Exception:
             log.exception("internal error in a timer or the scheduler")
+        self.reattach_done()
 
     def dispatch_event(self, item: Any, wake_r: socket.socket) -> None:
         if item is wake_r or item == wake_r.fileno():
             self.on_signals(wake_r)
         elif item is self.router:
             self.serve()
+        elif isinstance(item, int) and self.spawner.owns(item):
+            self.spawner.readable(item)
+        elif isinstance(item, int) and item in self.extra_fds:
+            self.extra_fds[item]()
         elif isinstance(item, int):
             pid_link = self.pidfd_owners.get(item)
             if pid_link is not None and not pid_link.closed and pid_link.pidfd == item:
@@ -252,6 +285,8 @@ class Agent:
         self.waiters.setdefault(job_id, []).append((peer, rid, timer))
 
     def job_ended(self, job: Job) -> None:
+        if self.cluster is not None:
+            self.cluster.job_ended(job)
         for peer, rid, timer in self.waiters.pop(job.id, []):
             timer.cancel()
             self.reply(peer, protocol.ok(rid, {"done": True, "job": job.public()}))
@@ -272,7 +307,8 @@ class Agent:
             try:
                 job = self.db.update(job.id, state="starting", attempt=attempt,
                                      cpus=list(alloc.cpus), gpus=list(alloc.gpus), pids=[],
-                                     supervisor_pid=None, supervisor_ticks=None)
+                                     supervisor_pid=None, supervisor_ticks=None,
+                                     supervisor_boot=None, supervisor_session=None)
             except BaseException:
                 self.ledger.release(alloc)  # nothing was recorded: nothing is held
                 raise
@@ -294,7 +330,8 @@ class Agent:
                 "user": user.name, "home": user.home}
 
     def launch(self, job: Job) -> None:
-        """Effect ``Spawn`` (L2, L3): feeds ``Spawned`` or ``SpawnFailed``."""
+        """Effect ``Spawn`` (L2, L3): feeds ``Spawned`` (once the supervisor is ready) or
+        ``SpawnFailed``; nothing here waits for the supervisor."""
         rd = self.layout.run_dir(job.id, job.attempt)
         per = job.cpus_per_task
         spec = {
@@ -309,16 +346,27 @@ class Agent:
         }
         try:
             spec.update(self.identity(job))
-            pid = spawn_supervisor(self.layout, rd, spec)
+            self.spawner.spawn(
+                rd, spec,
+                on_pid=lambda pid: log.info("job %d attempt %d: supervisor spawned (pid %d)",
+                                            job.id, job.attempt, pid),
+                # only once it is bound: hello and claim reach it at once (spawn.py)
+                on_ready=lambda: self.feed(job.id, job.attempt, lifecycle.Spawned(pid=0)),
+                on_gone=lambda why: self.spawn_gone(job.id, job.attempt, why))
         except (SpawnError, OSError) as exc:
             log.error("job %d: %s", job.id, exc)
             if os.path.isdir(rd.path) and not fallback.lock_is_free(rd):
                 self.feed(job.id, job.attempt, lifecycle.Spawned(pid=0))  # it did start
             else:
                 self.feed(job.id, job.attempt, lifecycle.SpawnFailed(reason=str(exc)))
-            return
-        log.info("job %d attempt %d: supervisor spawned (pid %d)", job.id, job.attempt, pid)
-        self.feed(job.id, job.attempt, lifecycle.Spawned(pid=pid))
+
+    def spawn_gone(self, job_id: int, attempt: int, why: str) -> None:
+        """The new supervisor ended before it was ready (its ready pipe closed unwritten)."""
+        log.warning("job %d attempt %d: %s", job_id, attempt, why)
+        if fallback.lock_is_free(self.layout.run_dir(job_id, attempt)):
+            self.gone(job_id, attempt, note=why)
+        else:  # someone holds its lock: it lives after all; ask it
+            self.feed(job_id, attempt, lifecycle.Spawned(pid=0))
 
     # ---- the lifecycle: feed events, perform effects ---------------------------------------
 
@@ -367,6 +415,7 @@ class Agent:
             self.reattaching.discard(job_id)
         if new.final and self.machines.get(job_id) is new:
             del self.machines[job_id]
+            self.idents.pop(job_id, None)
             link = self.links.get(job_id)
             if link is not None:
                 self.drop_link(link)
@@ -382,9 +431,13 @@ class Agent:
             elif isinstance(eff, lifecycle.Requeue):
                 self.requeue(m, eff.reason)
             elif isinstance(eff, lifecycle.RecordRunning):
+                who = self.idents.get(m.job, {})
                 job = self.db.update(m.job, state="running", pids=list(eff.pids),
-                                     started_at=eff.started_at or rfc3339_now())
+                                     started_at=eff.started_at or rfc3339_now(), **who)
+                self.idents.pop(m.job, None)  # only once written: a full disk retries it
                 log.info("job %d attempt %d running: pids %s", m.job, m.attempt, job.pids)
+                if self.cluster is not None:
+                    self.cluster.job_running(job)
             elif isinstance(eff, lifecycle.RecordPid):
                 if eff.pid > 0:
                     self.db.update(m.job, supervisor_pid=eff.pid)
@@ -497,12 +550,24 @@ class Agent:
             self.by_pidfd[link.pidfd] = link
             self.poller.register(link.pidfd, zmq.POLLIN)
             job = self.db.get_required(link.job)
-            if job.supervisor_pid != ident.pid or job.supervisor_ticks != ident.start_ticks:
-                with contextlib.suppress(StoreFull):  # information only
-                    self.db.update(job.id, supervisor_pid=ident.pid,
-                                   supervisor_ticks=ident.start_ticks)
+            st = proc_stat(ident.pid)
+            session = st.session if st is not None else None
+            facts = {"supervisor_pid": ident.pid, "supervisor_ticks": ident.start_ticks,
+                     "supervisor_boot": ident.boot_id, "supervisor_session": session}
             phase = res["phase"]
             m = self.machines[link.job]
+            if phase == "ready" and not m.cancel:
+                # A claim follows: its "running" write records the identity too (one commit,
+                # one fsync, fewer on every launch). Before that write, the manifest leads to
+                # the step; after it, the database does too (fallback.kill_leftovers).
+                self.idents[link.job] = facts
+            elif (job.supervisor_pid, job.supervisor_ticks, job.supervisor_boot,
+                    job.supervisor_session) != tuple(facts.values()):
+                try:
+                    self.db.update(job.id, **facts)
+                except StoreFull as exc:
+                    self.feed(link.job, link.attempt, lifecycle.LinkError(message=exc.message))
+                    return
             if phase == "ready" and not m.cancel and "stall-before-claim" in self.cfg.faults:
                 log.warning("job %d: fault injection: not claiming", link.job)
                 return
@@ -621,7 +686,17 @@ class Agent:
             self.feed(job_id, attempt, lifecycle.LinkError(message=note or "lock held"))
             return
         job = self.db.get_required(job_id)
-        verdict = fallback.resolve(rd, job)
+        verdict: lifecycle.Verdict
+        try:
+            verdict = fallback.resolve(rd, job)
+        except Exception as exc:  # crash-only: whatever is on disk, a definite verdict
+            log.exception("job %d: reading %s", job_id, rd.path)
+            verdict = lifecycle.Lost(reason=f"its supervisor is gone and its run directory "
+                                            f"could not be read ({type(exc).__name__})")
+        if isinstance(verdict, lifecycle.NeverRan) and fallback.step_processes(job):
+            # Its files say nothing started, but processes of the step live: it did start.
+            verdict = lifecycle.Lost(reason=f"{verdict.reason}, but processes of the step "
+                                            "were running")
         if note and isinstance(verdict, lifecycle.Lost):
             verdict = lifecycle.Lost(reason=f"{verdict.reason}; {note}", kill=verdict.kill)
         self.feed(job_id, attempt, lifecycle.Gone(verdict=verdict))
@@ -633,7 +708,8 @@ class Agent:
         job = self.db.get_required(job_id)
         fields: dict[str, Any] = {"state": fin.state, "exit_code": fin.exit_code,
                                   "signal": fin.signal, "reason": fin.reason,
-                                  "ended_at": fin.ended_at or rfc3339_now()}
+                                  "ended_at": fin.ended_at or rfc3339_now(),
+                                  "core_dumped": fin.core_dumped}
         if fin.started_at and not job.started_at:
             fields["started_at"] = fin.started_at
         job = self.db.update(job.id, **fields)
@@ -656,7 +732,8 @@ class Agent:
     def requeue(self, m: lifecycle.Machine, why: str) -> None:
         """The attempt never ran: back to the queue (the machine decided it may)."""
         self.db.update(m.job, state="pending", cpus=[], gpus=[], pids=[],
-                       supervisor_pid=None, supervisor_ticks=None)
+                       supervisor_pid=None, supervisor_ticks=None, supervisor_boot=None,
+                       supervisor_session=None)
         log.warning("job %d attempt %d never ran (%s): back to the queue", m.job, m.attempt,
                     why)
         self.schedule_due = True

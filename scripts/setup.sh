@@ -8,7 +8,8 @@ SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
 need=()
 # mpich, libmpich-dev, libpmi2-0-dev: real MPI and PMI-2 clients for the PMI tests
-for pkg in libcap-dev python3-venv python3-dev mpich libmpich-dev libpmi2-0-dev; do
+# postgresql: the server the cluster tests, demo and benchmark start in a temporary directory
+for pkg in libcap-dev python3-venv python3-dev mpich libmpich-dev libpmi2-0-dev postgresql; do
     dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done
 if [ ${#need[@]} -gt 0 ]; then
@@ -22,3 +23,7 @@ fi
 # compat mode: a plain path in a .pth, not an import hook (which cost every supervisor ~30 ms)
 .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]' \
     --config-settings editable_mode=compat
+# Bytecode for tether itself, whatever PYTHONDONTWRITEBYTECODE says (it is set on these machines,
+# and an editable install ships none): without it every process start is ~30% slower. The real
+# folders are compiled because compileall does not follow the links in tether/.
+.venv/bin/python -m compileall -q -j0 tether shared supervisor agent cli

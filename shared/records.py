@@ -33,7 +33,9 @@ def fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-def atomic_write_json(path: str, obj: Any, mode: int = 0o600) -> None:
+def atomic_write_json(path: str, obj: Any, mode: int = 0o600, *, durable: bool = True) -> None:
+    """Replace ``path`` atomically. ``durable=False`` skips both fsyncs: for a file whose only
+    readers die with the machine, so that losing it in a power cut changes no decision."""
     directory = os.path.dirname(path) or "."
     tmp = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.tmp")
     data = json.dumps(obj, sort_keys=True, indent=1).encode() + b"\n"
@@ -47,14 +49,16 @@ def atomic_write_json(path: str, obj: Any, mode: int = 0o600) -> None:
         while view:
             view = view[os.write(fd, view):]
         os.fchmod(fd, mode)
-        os.fsync(fd)
+        if durable:
+            os.fsync(fd)
     except BaseException:
         os.close(fd)
         os.unlink(tmp)
         raise
     os.close(fd)
     os.rename(tmp, path)
-    fsync_dir(directory)
+    if durable:
+        fsync_dir(directory)
 
 
 def read_json(path: str, *, max_bytes: int = MAX_RECORD) -> dict[str, Any]:
@@ -88,6 +92,8 @@ def read_json(path: str, *, max_bytes: int = MAX_RECORD) -> dict[str, Any]:
         obj = json.loads(data)
     except (ValueError, UnicodeDecodeError) as exc:
         raise RecordError(f"{path}: not valid JSON ({exc})") from None
+    except RecursionError:
+        raise RecordError(f"{path}: nested too deeply") from None
     if not isinstance(obj, dict):
         raise RecordError(f"{path}: not a JSON object")
     if obj.get("schema") != SCHEMA:
@@ -100,6 +106,8 @@ def _need(path: str, obj: dict[str, Any], fields: dict[str, type | tuple[type, .
         value = obj.get(name)
         if not isinstance(value, typ) or isinstance(value, bool) and typ in (int, float):
             raise RecordError(f"{path}: field {name!r} missing or of the wrong type")
+        if isinstance(value, int) and not -(1 << 63) <= value < (1 << 63):
+            raise RecordError(f"{path}: field {name!r} is out of range")
 
 
 def _int_list(path: str, obj: dict[str, Any], name: str) -> None:
@@ -162,8 +170,15 @@ def check_sentinel(path: str, rec: Any) -> dict[str, Any]:
         # Only an aborted step launched nothing; anything else claiming otherwise is forged or
         # broken, and taking it at its word could run the job twice.
         raise RecordError(f"{path}: state {rec['state']!r} with launched={rec['launched']}")
-    for name in ("exit_code", "signal"):
+    for name, low, high in (("exit_code", 0, 255), ("signal", 1, 127)):
         value = rec.get(name)
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
-            raise RecordError(f"{path}: field {name!r} must be an integer or null")
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool)
+                                  or not low <= value <= high):
+            raise RecordError(f"{path}: field {name!r} must be null or an integer from {low} "
+                              f"to {high}")
+    for name in ("reason", "started_at", "ended_at"):
+        if rec.get(name) is not None and not isinstance(rec[name], str):
+            raise RecordError(f"{path}: field {name!r} must be text or null")
+    if not isinstance(rec.get("core_dumped", False), bool):
+        raise RecordError(f"{path}: field 'core_dumped' must be a boolean")
     return rec

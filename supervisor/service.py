@@ -90,10 +90,16 @@ class EventWaiter:
 
 
 class Supervisor:
-    def __init__(self, rd: RunDir, spec: dict[str, Any], lock_fd: int) -> None:
+    def __init__(self, rd: RunDir, spec: dict[str, Any], lock_fd: int,
+                 ready_fd: int = -1) -> None:
         self.rd = rd
         self.spec = spec
         self.lock_fd = lock_fd
+        #: the agent's ready pipe: one byte once the socket is bound, so that the agent connects
+        #: then, and its hello and claim arrive at once rather than at a reconnect retry
+        self.ready_fd = ready_fd
+        #: "warm" (forked from the template) or "cold" (a Python start of its own)
+        self.start_kind = "cold"
         self.step = Step(job=rd.job, attempt=rd.attempt, ntasks=spec["ntasks"])
         self.pmi: PmiServer | None = None
         self.channels: PmiChannels | None = None
@@ -162,6 +168,9 @@ class Supervisor:
             finally:
                 os.umask(old_umask)
         self.router = handover.bind_router(ctx, self.rd.sock, self.listen_fd)
+        # The agent may connect now: its hello is queued by ZeroMQ while the manifest's fsyncs
+        # run, and answered after them (the manifest's "ready" is not something it waits for).
+        self.signal_ready()
         self.write_manifest()
         if self.resumed:
             log.info("re-executed as tether %s (was %s), generation %d; serving %s again",
@@ -171,8 +180,8 @@ class Supervisor:
         else:
             self.claim_timer = self.timers.at(
                 time.monotonic() + float(self.spec["claim_timeout"]), self.claim_expired)
-            log.info("ready on %s; waiting up to %gs for the agent's claim", self.rd.sock,
-                     self.spec["claim_timeout"])
+            log.info("ready on %s (%s start); waiting up to %gs for the agent's claim",
+                     self.rd.sock, self.start_kind, self.spec["claim_timeout"])
         poller = self.poller
         poller.register(self.router, zmq.POLLIN)
         poller.register(wake_r, zmq.POLLIN)
@@ -204,6 +213,16 @@ class Supervisor:
                 _unlink(self.rd.sock)
         log.info("supervisor exits")
         return 0
+
+    def signal_ready(self) -> None:
+        if self.ready_fd < 0:
+            return
+        try:
+            os.write(self.ready_fd, b"r")
+        except OSError as exc:  # the agent went away: a restarted one finds us by the lock
+            log.info("ready pipe: %s", exc)
+        os.close(self.ready_fd)
+        self.ready_fd = -1
 
     def serve(self) -> None:
         assert self.router is not None
@@ -616,7 +635,10 @@ class Supervisor:
             "started_at": self.step.started_at,
         }
         try:
-            records.atomic_write_json(self.rd.manifest, man)
+            # Only "launching" must survive a power cut: it is what says tasks may have run
+            # (lost, never run again). "ready" and no manifest mean the same (never ran), and
+            # "running" adds identities that a reboot makes moot: two fsyncs each, saved.
+            records.atomic_write_json(self.rd.manifest, man, durable=launching)
         except OSError as exc:
             log.error("cannot write the manifest %s: %s", self.rd.manifest, exc)
             return False

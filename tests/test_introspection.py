@@ -343,6 +343,15 @@ def wakeups(pid: int) -> int:
     raise AssertionError("no voluntary_ctxt_switches")
 
 
+def blocked_in_poll(pid: int) -> bool:
+    """Is the process's main thread asleep in poll(2) (x86-64: 7; ppoll: 271)?
+
+    A reply can reach a client before the loop iteration that sent it has ended; counting
+    wake-ups from then would count that iteration's own going back to sleep."""
+    with open(f"/proc/{pid}/task/{pid}/syscall") as f:
+        return f.read().split()[0] in ("7", "271")
+
+
 def test_parked_followers_are_woken_promptly(node: Node) -> None:
     node.start()
     job = node.submit("sh", "-c", "while [ ! -e go ]; do sleep 0.01; done; echo hello; "
@@ -375,6 +384,7 @@ def test_parked_followers_are_woken_promptly(node: Node) -> None:
         assert result["out_at"] - t0 < 2.0, "the output follower was not woken promptly"
         # No output follower is parked now (an events waiter is): the supervisor's loop must
         # not wake up periodically. This sleep measures idleness; it synchronises nothing.
+        poll_until(lambda: blocked_in_poll(sup), 10, "the supervisor's loop to block in poll")
         before = wakeups(sup)
         time.sleep(1.0)
         assert wakeups(sup) == before, "the supervisor woke up with no output follower parked"
