@@ -108,11 +108,22 @@ def _user(name: str | None) -> pwd.struct_passwd:
         raise CliError(f"submit: no user {name!r}") from None
 
 
+#: what ``submit`` carries to the cluster; an option added to ``submit`` later is refused with
+#: --cluster until the cluster carries it too (rather than silently dropped)
+SUBMIT_KEYS = frozenset({"cluster", "cmd", "command", "cpus", "env", "error", "gpus", "json",
+                         "memory_mb", "name", "no_requeue", "ntasks", "output", "pmi",
+                         "state_dir", "user", "wait", "workdir"})
+
+
 def cmd_submit(conn: Conn, dsn: str, ns: argparse.Namespace) -> int:
     from tether.agent.api import MAX_COMMAND_BYTES
     from tether.shared import cluster_db
     from tether.shared.timers import rfc3339_now
 
+    unsupported = sorted(k for k, v in vars(ns).items() if k not in SUBMIT_KEYS and v)
+    if unsupported:
+        names = ", ".join("--" + k.replace("_", "-") for k in unsupported)
+        raise CliError(f"submit: {names} not supported for cluster jobs yet", EXIT_USAGE)
     command = list(ns.command)
     if command and command[0] == "--":
         command = command[1:]

@@ -47,3 +47,23 @@ def test_schema_versions() -> None:
             continue
         with pytest.raises(SchemaError, match=text):
             check_version(found)
+
+
+def test_a_submit_option_the_cluster_does_not_carry_is_refused() -> None:
+    """An option added to ``submit`` later must not be dropped silently for cluster jobs."""
+    import argparse
+    from typing import Any
+
+    from tether.cli.cluster import cmd_submit
+    from tether.cli.errors import CliError
+    from tether.cli.parser import build_parser
+
+    ns = build_parser().parse(["--cluster", "x", "submit", "--", "true"])
+    ns.time_limit = "5"  # as if a later option were given
+    conn: Any = None  # never reached
+    with pytest.raises(CliError, match="--time-limit not supported for cluster jobs"):
+        cmd_submit(conn, "x", ns)
+    del ns.time_limit
+    ns.array = None  # an option given no value is fine: it falls through to the database
+    with pytest.raises(AttributeError):
+        cmd_submit(conn, "x", argparse.Namespace(**vars(ns)))
