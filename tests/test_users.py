@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import pwd
+import secrets
 import subprocess
 from collections.abc import Iterator
 
@@ -17,7 +18,8 @@ from tests.helpers import Node, default_output, foreign_python, poll_until
 from tether.shared import records
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-OTHER = "tethertest"
+#: unique per run (``tt`` + 6 hex characters): created by ``other_user`` and always removed
+OTHER = "tt" + secrets.token_hex(3)
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as other users")
 
@@ -47,12 +49,15 @@ AGENT_VERBS = ["claim", "wait", "ack", "abort", "terminate"]
 
 @pytest.fixture(scope="module")
 def other_user() -> Iterator[pwd.struct_passwd]:
+    """A user of this module's own, removed afterwards (issue 13: none is left behind)."""
+    subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin",
+                    OTHER], check=True, capture_output=True)
     try:
         yield pwd.getpwnam(OTHER)
-    except KeyError:
-        subprocess.run(["useradd", "--system", "--no-create-home", "--shell",
-                        "/usr/sbin/nologin", OTHER], check=True)
-        yield pwd.getpwnam(OTHER)
+    finally:
+        subprocess.run(["userdel", OTHER], capture_output=True)
+        with pytest.raises(KeyError):
+            pwd.getpwnam(OTHER)
 
 
 def as_user(user: str, code: str, *args: str) -> subprocess.CompletedProcess[str]:
