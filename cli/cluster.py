@@ -63,6 +63,9 @@ def clustered(layout: Layout, ns: argparse.Namespace) -> int | None:
         return None
     if ns.cmd in LOCAL_ONLY:
         return None
+    if ns.cmd not in COMMANDS:  # a verb that only knows one node's agent (e.g. top)
+        raise CliError(f"{ns.cmd}: not available for a cluster yet (without --cluster and "
+                       "TETHER_CLUSTER it shows this node's agent)", EXIT_USAGE)
     import psycopg
 
     from tether.shared import cluster_db
