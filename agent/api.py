@@ -38,8 +38,6 @@ MAX_COMMAND_BYTES = 128 * 1024
 PMI_KINDS = ("none", "pmi1", "pmi2")
 #: The node name keeps two agents' outputs apart in a shared directory (job ids are per agent).
 DEFAULT_OUTPUT = "tether-%N-%j.out"
-#: An array element's, as Slurm's slurm-%A_%a.out.
-DEFAULT_ARRAY_OUTPUT = "tether-%N-%A_%a.out"
 
 
 def hello(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
@@ -73,17 +71,14 @@ def _abs_path(args: Any, name: str, workdir: str) -> str | None:
     return os.path.normpath(os.path.join(workdir, value))
 
 
-def output_paths(job: Job, output: str | None, error: str | None, user: str, node: str,
-                 array_id: int | None = None, index: int | None = None) -> tuple[str, str]:
-    """The job's output and error names (absolute patterns, or None for the defaults) with its
-    tokens expanded (``%t`` and ``%%`` are left for the task's files: ``shared/outpattern``);
-    each name's directory must exist. ``array_id`` and ``index`` for an array element."""
-    default = os.path.join(job.workdir, DEFAULT_OUTPUT if index is None else DEFAULT_ARRAY_OUTPUT)
+def output_paths(job: Job, output: str, error: str, user: str, node: str) -> tuple[str, str]:
+    """The job's output and error names with its tokens expanded (``%t`` is left to the
+    supervisor, which gives each task its files); each name's directory must exist."""
+    array_id = getattr(job, "array_id", None)  # arrays: the scheduler's columns, when present
     values = {"j": str(job.id), "x": job.name, "u": user, "N": node,
               "A": str(job.id if array_id is None else array_id),
-              "a": str(0 if index is None else index)}
-    out = outpattern.for_job(output or default, values)
-    err = outpattern.for_job(error, values) if error else out
+              "a": str(getattr(job, "array_index", None) or 0)}
+    out, err = outpattern.for_job(output, values), outpattern.for_job(error, values)
     for label, path in (("output", out), ("error", err)):
         if not os.path.isdir(os.path.dirname(outpattern.for_task(path, 0))):
             raise BadRequest(f"{label} file {path}: its directory does not exist")
@@ -144,7 +139,9 @@ def submit(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
             gpus_req=gpus, memory_mb=memory, output="", error="", workdir=workdir, env=env,
             submitted_at=rfc3339_now(), pmi=pmi,
         )
-        out, err = output_paths(job, output, error, user.name, agent.cfg.node)
+        out, err = output_paths(job, output or os.path.join(workdir, DEFAULT_OUTPUT),
+                                error or output or os.path.join(workdir, DEFAULT_OUTPUT),
+                                user.name, agent.cfg.node)
         if user_name is not None:  # before anything is kept: refused jobs leave no trace
             users.check_access(user, workdir, sorted(task_paths(out, err, ntasks)))
         job = agent.db.update(job.id, output=out, error=err, user=user.name, uid=user.uid,

@@ -111,6 +111,9 @@ class Agent:
         self.schedule_due = False
         self.pidfd_owners: dict[int, Link] = {}
         self.lock_fd = -1
+        self.dir_fd = -1
+        #: (device, inode) of the socket this agent bound: it never unlinks another's
+        self.sock_inode: tuple[int, int, int] | None = None
         self.store: Store | None = None
         self.spawner = Spawner(self.layout, self.timers,
                                watch=lambda fd: self.poller.register(fd, zmq.POLLIN),
@@ -133,10 +136,17 @@ class Agent:
     def run(self) -> int:
         self.layout.check()
         os.makedirs(self.cfg.state_dir, mode=0o755, exist_ok=True)
+        # The state directory itself is locked: unlike agent.lock, it cannot be removed from
+        # under a live agent (agent.lock is still taken, for agents that know only that one).
+        self.dir_fd = os.open(self.cfg.state_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         self.lock_fd = os.open(self.layout.lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:
+            fcntl.flock(self.dir_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             fcntl.flock(self.lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
+            os.close(self.dir_fd)
+            os.close(self.lock_fd)
+            self.dir_fd = self.lock_fd = -1
             raise AgentError(f"another agent is running on {self.cfg.state_dir}") from None
         os.ftruncate(self.lock_fd, 0)
         os.write(self.lock_fd, f"{os.getpid()}\n".encode())
@@ -167,6 +177,7 @@ class Agent:
                 self.router = wire.bind_router(self.ctx, self.layout.sock)
             finally:
                 os.umask(old)
+            self.sock_inode = _inode(self.layout.sock)
             self.poller.register(self.router, zmq.POLLIN)
             log.info("agent serving on %s after %.0f ms (node %s, %d CPUs, %d GPUs, %d MB)",
                      self.layout.sock, (time.monotonic() - t0) * 1000, self.cfg.node,
@@ -187,13 +198,15 @@ class Agent:
             link.close()
         if self.router is not None:
             self.router.close(linger=0)
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.layout.sock)
+            if self.sock_inode is not None and _inode(self.layout.sock) == self.sock_inode:
+                os.unlink(self.layout.sock)  # only the socket this agent bound
         self.ctx.term()
         if self.store is not None:
             self.store.close()
         if self.lock_fd >= 0:
             os.close(self.lock_fd)
+        if self.dir_fd >= 0:
+            os.close(self.dir_fd)
         log.info("agent stopped; supervisors and jobs left running")
 
     def reattach_done(self) -> None:
@@ -787,6 +800,15 @@ class Agent:
             return
         log.error("a live supervisor in %s serves no attempt this agent knows about; leaving "
                   "it alone", rd.path)
+
+
+def _inode(path: str) -> tuple[int, int, int] | None:
+    """Which file is at ``path``: inode numbers are reused at once, creation times are not."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_ctime_ns)
 
 
 def _wake_only(signum: int, frame: object) -> None:
