@@ -30,8 +30,8 @@ if TYPE_CHECKING:
 
 #: Commands that exist only against a cluster.
 CLUSTER_ONLY = ("nodes", "drain", "resume", "cluster")
-#: Commands that need a standalone agent and mean nothing cluster-wide.
-LOCAL_ONLY = ("status",)
+#: Commands about this node's own agent and supervisors: the same with or without a cluster.
+LOCAL_ONLY = ("status", "upgrade-supervisors")
 
 
 def dsn_of(ns: argparse.Namespace) -> str | None:
