@@ -1,7 +1,12 @@
-"""Requests the agent answers on its own socket (the CLI's): one table of handlers.
+"""Requests the agent answers on its door (every local user's CLI): one table of handlers.
 
 Each handler validates its arguments completely before touching anything, so bad input gets a
 one-line error and changes nothing.
+
+Who may do what (the caller is the kernel's uid of the connection, never anything it sent):
+any user ``hello``, ``status``, ``list``, ``show`` (every job's public fields, as ``squeue``
+shows them) and ``submit`` (the job runs as the caller; only root may name another ``user``);
+the job's owner, root and the agent's uid ``wait`` and ``cancel``.
 """
 
 from __future__ import annotations
@@ -17,15 +22,23 @@ from tether.agent import users
 from tether.agent.db import ACTIVE, FINAL
 from tether.agent.ledger import Request as ResourceRequest
 from tether.shared import protocol
-from tether.shared.errors import BadRequest, NotFound, ResourceError, StateError, UnknownKind
+from tether.shared.door import Conn
+from tether.shared.errors import (
+    BadRequest,
+    NotFound,
+    PermissionDenied,
+    ResourceError,
+    StateError,
+    UnknownKind,
+)
 from tether.shared.protocol import arg_int, arg_number, arg_str, arg_str_list, check_known
 from tether.shared.timers import rfc3339_now
-from tether.shared.wire import Peer
 
 if TYPE_CHECKING:
     from tether.agent.daemon import Agent
 
 PENDING = object()
+Peer = Conn
 Handler = Callable[["Agent", Peer, protocol.Request], Any]
 MAX_HOLD = 600.0
 #: Tasks per step. Bounds the exit record and the replies that carry it well under MAX_FRAME.
@@ -68,10 +81,39 @@ def _abs_path(args: Any, name: str, workdir: str) -> str | None:
     return os.path.normpath(os.path.join(workdir, value))
 
 
+def _owner_or_root(agent: Agent, peer: Peer, job: Any, verb: str) -> None:
+    owner = job.uid if job.uid is not None else os.getuid()
+    if peer.uid in (0, os.getuid(), owner):
+        return
+    raise PermissionDenied(f"permission denied: {verb!r} of job {job.id} is for its owner "
+                           f"({job.user or f'uid {owner}'}) and root only (you are uid "
+                           f"{peer.uid})")
+
+
+def _submitter(peer: Peer, user_name: str | None) -> users.User:
+    """Who the job runs as: the caller, as the kernel names it; root may name anyone."""
+    if user_name is not None:
+        if os.geteuid() != 0:
+            raise BadRequest("--user needs an agent running as root")
+        if peer.uid != 0:
+            me = users.by_uid(peer.uid, peer.gid)
+            if me.name != user_name:
+                raise PermissionDenied(f"permission denied: only root may submit as another "
+                                       f"user (you are {me.name}, uid {peer.uid})")
+            return me
+        return users.lookup(user_name)
+    if peer.uid != os.geteuid() and os.geteuid() != 0:
+        raise PermissionDenied(f"permission denied: this agent runs as uid {os.geteuid()} and "
+                               f"can only run that user's jobs (you are uid {peer.uid})")
+    if peer.uid == os.geteuid():
+        return users.current()
+    return users.by_uid(peer.uid, peer.gid)
+
+
 def submit(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
     args = req.args
     check_known(args, req.kind, ("command", "name", "cpus", "gpus", "memory_mb", "ntasks",
-                                 "output", "error", "workdir", "env", "pmi", "user"))
+                                 "output", "error", "workdir", "env", "pmi", "user", "umask"))
     command = arg_str_list(args, "command")
     if not command or not command[0]:
         raise BadRequest("a job needs a command")
@@ -81,12 +123,12 @@ def submit(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
     gpus = arg_int(args, "gpus", default=0, minimum=0, maximum=1 << 16)
     memory = arg_int(args, "memory_mb", default=0, minimum=0, maximum=1 << 40)
     ntasks = arg_int(args, "ntasks", default=1, minimum=1, maximum=MAX_TASKS)
+    umask = arg_int(args, "umask", default=0o022, minimum=0, maximum=0o777)
     workdir = arg_str(args, "workdir")
     assert workdir is not None
     if not os.path.isabs(workdir):
         raise BadRequest(f"working directory {workdir!r} must be an absolute path")
-    if not os.path.isdir(workdir):
-        raise BadRequest(f"working directory {workdir} does not exist or is not a directory")
+    workdir = os.path.normpath(workdir)
     env = args.get("env", {})
     if not isinstance(env, dict) or not all(
         isinstance(k, str) and isinstance(v, str) and k and "=" not in k and "\0" not in k + v
@@ -99,13 +141,7 @@ def submit(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
         raise BadRequest(f"unknown PMI {pmi!r}: use one of {', '.join(PMI_KINDS)}")
     output = _abs_path(args, "output", workdir)
     error = _abs_path(args, "error", workdir)
-    for label, path in (("output", output), ("error", error)):
-        if path is not None and not os.path.isdir(os.path.dirname(path)):
-            raise BadRequest(f"{label} file {path}: its directory does not exist")
-    user_name = arg_str(args, "user", optional=True, max_len=64)
-    if user_name is not None and os.geteuid() != 0:
-        raise BadRequest("--user needs an agent running as root")
-    user = users.lookup(user_name) if user_name is not None else users.current()
+    user = _submitter(peer, arg_str(args, "user", optional=True, max_len=64))
     why = agent.ledger.never_fits(ResourceRequest(cpus * ntasks, gpus, memory))
     if why:
         per = f" ({ntasks} tasks x {cpus} CPUs)" if ntasks > 1 else ""
@@ -121,10 +157,11 @@ def submit(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
         )
         out = (output or os.path.join(workdir, "tether-%j.out")).replace("%j", str(job.id))
         err = (error or out).replace("%j", str(job.id))
-        if user_name is not None:  # before anything is kept: refused jobs leave no trace
-            users.check_access(user, workdir, sorted({out, err}))
+        # As the user, never as root: whether the user may enter the workdir and write the
+        # outputs (root would see paths the user cannot). Refused jobs leave no trace.
+        users.check_access(user, workdir, sorted({out, err}))
         job = agent.db.update(job.id, output=out, error=err, user=user.name, uid=user.uid,
-                              gid=user.gid)
+                              gid=user.gid, umask=umask)
         agent.db.commit()
     except BaseException:
         agent.db.rollback()
@@ -157,6 +194,7 @@ def show(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
 def wait(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
     check_known(req.args, req.kind, ("job", "hold"))
     job = _job(agent, req.args)
+    _owner_or_root(agent, peer, job, "wait")
     hold = arg_number(req.args, "hold", default=30.0, maximum=MAX_HOLD)
     if job.final:
         return {"done": True, "job": job.public()}
@@ -167,6 +205,7 @@ def wait(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
 def cancel(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
     check_known(req.args, req.kind, ("job",))
     job = _job(agent, req.args)
+    _owner_or_root(agent, peer, job, "cancel")
     if job.state in FINAL:
         raise StateError(f"job {job.id} has already ended ({job.state})")
     if job.state == "pending":

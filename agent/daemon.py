@@ -1,7 +1,9 @@
 """The agent's event loop and job lifecycle (I/O).
 
-Theory of operation. One thread, one ``zmq.Poller`` over: the client ROUTER (the CLI), one DEALER
-per supervisor, one pidfd per supervisor, and a signal wakeup socket; plus a timer heap. The
+Theory of operation. One thread, one ``zmq.Poller`` over: the door (``shared/door.py``: every
+local user's CLI, on a plain AF_UNIX socket), one DEALER per supervisor (ZeroMQ, in the run
+directory's ctl/, which only this uid can enter), one pidfd per supervisor, and a signal wakeup
+socket; plus a timer heap. The
 database is the only durable state and is written before anyone is told anything.
 
 A job's life, as seen from here (the numbers are those of docs/architecture.md):
@@ -34,11 +36,14 @@ from tether.agent.db import ACTIVE, Job, Store
 from tether.agent.ledger import Conflict, Ledger, Request
 from tether.agent.link import Link
 from tether.agent.spawn import SpawnError, spawn_supervisor
-from tether.shared import protocol, wire
+from tether.shared import protocol
+from tether.shared.door import Conn, Door
 from tether.shared.errors import RemoteError, TetherError
+from tether.shared.parking import Lot
 from tether.shared.paths import Layout, RunDir
 from tether.shared.procid import ProcId
-from tether.shared.timers import Timer, Timers, rfc3339_now
+from tether.shared.text import clip
+from tether.shared.timers import Timers, rfc3339_now
 
 log = logging.getLogger("tether.agent")
 
@@ -83,8 +88,9 @@ class Agent:
         self.links: dict[int, Link] = {}
         self.by_sock: dict[zmq.Socket[Any], Link] = {}
         self.by_pidfd: dict[int, Link] = {}
-        self.waiters: dict[int, list[tuple[wire.Peer, protocol.RequestId, Timer]]] = {}
-        self.router: zmq.Socket[Any] | None = None
+        #: parked ``wait`` requests, by job id
+        self.waiters: Lot[int, None] = Lot(self.timers)
+        self.door: Door | None = None
         self.stopping = False
         self.reattaching: set[int] = set()
         #: jobs whose allocation is in the ledger right now (released exactly once)
@@ -134,12 +140,9 @@ class Agent:
             if self.reattaching:
                 log.warning("reattach: %d supervisor(s) still unresolved; serving anyway",
                             len(self.reattaching))
-            old = os.umask(0o077)
-            try:
-                self.router = wire.bind_router(self.ctx, self.layout.sock)
-            finally:
-                os.umask(old)
-            self.poller.register(self.router, zmq.POLLIN)
+            self.door = Door(self.layout.sock, self.timers, self.on_request, name="agent door",
+                             log=log, on_close=self.on_door_close)
+            self.poller.register(self.door.fileno(), zmq.POLLIN)
             log.info("agent serving on %s after %.0f ms (node %s, %d CPUs, %d GPUs, %d MB)",
                      self.layout.sock, (time.monotonic() - t0) * 1000, self.cfg.node,
                      len(self.cfg.cpu_ids), self.cfg.gpus, self.cfg.memory_mb)
@@ -154,10 +157,8 @@ class Agent:
         """Stop serving. Every supervisor and every job keeps running."""
         for link in list(self.all_links):
             link.close()
-        if self.router is not None:
-            self.router.close(linger=0)
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.layout.sock)
+        if self.door is not None:
+            self.door.close()  # unlinks the socket only if it is still the one it bound
         self.ctx.term()
         if self.store is not None:
             self.store.close()
@@ -177,7 +178,7 @@ class Agent:
                 log.exception("internal error while handling %r", item)
         try:
             self.timers.run_due(time.monotonic())
-            if self.schedule_due and self.router is not None:
+            if self.schedule_due and self.door is not None:
                 self.schedule_due = False
                 self.schedule()
         except Exception:
@@ -186,8 +187,8 @@ class Agent:
     def dispatch_event(self, item: Any, wake_r: socket.socket) -> None:
         if item is wake_r or item == wake_r.fileno():
             self.on_signals(wake_r)
-        elif item is self.router:
-            self.serve()
+        elif self.door is not None and item == self.door.fileno():
+            self.door.service()
         elif isinstance(item, int):
             pid_link = self.pidfd_owners.get(item)
             if pid_link is not None and not pid_link.closed and pid_link.pidfd == item:
@@ -208,42 +209,37 @@ class Agent:
 
     # ---- serving the CLI -------------------------------------------------------------------
 
-    def serve(self) -> None:
-        assert self.router is not None
-        while (msg := wire.receive(self.router)) is not None:
-            peer, req = msg
-            try:
-                result = api.dispatch(self, peer, req)
-            except TetherError as exc:
-                self.reply(peer, protocol.error(req.id, exc))
-                continue
-            except Exception:  # a bug must never take the agent down
-                log.exception("handler for %r failed", req.kind)
-                self.reply(peer, protocol.error(req.id, TetherError("internal error")))
-                continue
-            if result is not api.PENDING:
-                self.reply(peer, protocol.ok(req.id, result))
+    def on_request(self, conn: Conn, req: protocol.Request) -> None:
+        try:
+            result = api.dispatch(self, conn, req)
+        except TetherError as exc:
+            if exc.code == "permission_denied":
+                log.warning("refused %s from %s: %s", clip(repr(req.kind), 60), conn,
+                            clip(exc.message))
+            self.reply(conn, protocol.error(req.id, exc))
+            return
+        except Exception:  # a bug must never take the agent down
+            log.exception("handler for %s failed", clip(repr(req.kind), 60))
+            self.reply(conn, protocol.error(req.id, TetherError("internal error")))
+            return
+        if result is not api.PENDING:
+            self.reply(conn, protocol.ok(req.id, result))
 
-    def reply(self, peer: wire.Peer, reply: protocol.Reply) -> None:
-        if self.router is not None:
-            wire.send(self.router, peer, reply)
+    def on_door_close(self, conn: Conn) -> None:
+        self.waiters.drop_peer(conn.key)
 
-    def add_waiter(self, job_id: int, peer: wire.Peer, rid: protocol.RequestId,
+    def reply(self, conn: Conn, reply: protocol.Reply) -> None:
+        if self.door is not None:
+            self.door.send(conn, reply)
+
+    def add_waiter(self, job_id: int, conn: Conn, rid: protocol.RequestId,
                    hold: float) -> None:
-        def expire() -> None:
-            entries = self.waiters.get(job_id, [])
-            for i, (p, r, _) in enumerate(entries):
-                if p == peer and r == rid:
-                    del entries[i]
-                    self.reply(peer, protocol.ok(rid, {"done": False}))
-                    return
-        timer = self.timers.at(time.monotonic() + hold, expire)
-        self.waiters.setdefault(job_id, []).append((peer, rid, timer))
+        self.waiters.park(job_id, conn, rid, hold, None,
+                          lambda p: self.reply(p.peer, protocol.ok(p.rid, {"done": False})))
 
     def job_ended(self, job: Job) -> None:
-        for peer, rid, timer in self.waiters.pop(job.id, []):
-            timer.cancel()
-            self.reply(peer, protocol.ok(rid, {"done": True, "job": job.public()}))
+        for p in self.waiters.take(job.id):
+            self.reply(p.peer, protocol.ok(p.rid, {"done": True, "job": job.public()}))
 
     # ---- scheduling ------------------------------------------------------------------------
 
@@ -273,8 +269,10 @@ class Agent:
             user = None
         if user is None or (job.uid is not None and user.uid != job.uid):
             raise SpawnError(f"user {job.user!r} (uid {job.uid}) no longer exists as submitted")
-        return {"uid": user.uid, "gid": user.gid, "groups": list(user.groups),
-                "user": user.name, "home": user.home}
+        gid = user.gid if job.gid is None else job.gid  # the primary gid it submitted with
+        groups = sorted(set(os.getgrouplist(user.name, gid)))
+        return {"uid": user.uid, "gid": gid, "groups": groups, "user": user.name,
+                "home": user.home, "umask": 0o022 if job.umask is None else job.umask}
 
     def launch(self, job: Job) -> None:
         rd = self.layout.run_dir(job.id, job.attempt)
@@ -324,7 +322,7 @@ class Agent:
         return link
 
     def connect(self, job: Job, rd: RunDir, *, fresh: bool) -> Link:
-        link = self.open_link(job.id, job.attempt, rd.sock, track=True)
+        link = self.open_link(job.id, job.attempt, rd.agent_sock(), track=True)
         self.hello(link, rd, timeout=CLAIM_TIMEOUT if fresh else HELLO_TIMEOUT)
         return link
 
@@ -362,7 +360,8 @@ class Agent:
             if why is None and res.get("protocol") not in protocol.SUPPORTED_VERSIONS:
                 why = f"it answered in protocol version {res.get('protocol')!r}"
             if why is not None:
-                log.error("job %d: refusing the process serving %s: %s", job.id, rd.sock, why)
+                log.error("job %d: refusing the process serving %s: %s", job.id, link.path,
+                          why)
                 self.drop_link(link)
                 self.gone(job, note=f"its socket was served by an impostor ({why})")
                 return
@@ -655,7 +654,7 @@ class Agent:
             return
         if job is not None and job.final and job.attempt == rd.attempt:
             # C2 happened, C3 (ack) did not: acknowledge now.
-            self.ack(self.open_link(rd.job, rd.attempt, rd.sock, track=False))
+            self.ack(self.open_link(rd.job, rd.attempt, rd.agent_sock(), track=False))
             return
         log.error("a live supervisor in %s serves no attempt this agent knows about; leaving "
                   "it alone", rd.path)

@@ -48,14 +48,15 @@ CREATE TABLE IF NOT EXISTS jobs (
     pmi TEXT NOT NULL DEFAULT 'none',
     user TEXT,
     uid INTEGER,
-    gid INTEGER
+    gid INTEGER,
+    umask INTEGER
 );
 CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state, id);
 """
 
 
 _ADDED_COLUMNS = {"pmi": "TEXT NOT NULL DEFAULT 'none'", "user": "TEXT", "uid": "INTEGER",
-                  "gid": "INTEGER"}
+                  "gid": "INTEGER", "umask": "INTEGER"}
 
 
 @dataclass
@@ -89,6 +90,8 @@ class Job:
     user: str | None = None
     uid: int | None = None
     gid: int | None = None
+    #: the submitter's umask, applied to the output files and the tasks (null: 022)
+    umask: int | None = None
 
     @property
     def allocation(self) -> Allocation:

@@ -15,7 +15,11 @@ from tether.shared.errors import BadRequest
 
 #: sh script: $1 workdir, then the output paths. Prints the first problem and exits 1.
 _CHECK = r'''
-cd -- "$1" 2>/dev/null || { echo "cannot enter the working directory $1"; exit 1; }
+cd -- "$1" 2>/dev/null || {
+    if [ -d "$1" ]; then echo "cannot enter the working directory $1"
+    else echo "working directory $1 does not exist or is not a directory"; fi
+    exit 1
+}
 shift
 for f in "$@"; do
     if [ -e "$f" ] || [ -L "$f" ]; then
@@ -23,6 +27,7 @@ for f in "$@"; do
         [ -w "$f" ] || { echo "cannot write $f"; exit 1; }
     else
         d=$(dirname -- "$f")
+        [ -d "$d" ] || { echo "output file $f: its directory does not exist"; exit 1; }
         { [ -w "$d" ] && [ -x "$d" ]; } || { echo "cannot create $f in $d"; exit 1; }
     fi
 done
@@ -45,6 +50,17 @@ def lookup(name: str) -> User:
         raise BadRequest(f"no such user {name!r}") from None
     groups = tuple(sorted(set(os.getgrouplist(pw.pw_name, pw.pw_gid))))
     return User(pw.pw_name, pw.pw_uid, pw.pw_gid, groups, pw.pw_dir)
+
+
+def by_uid(uid: int, gid: int | None = None) -> User:
+    """The user the kernel says a peer is (its uid, and its primary gid if given)."""
+    try:
+        pw = pwd.getpwuid(uid)
+    except KeyError:
+        raise BadRequest(f"uid {uid} has no entry in the user database") from None
+    primary = pw.pw_gid if gid is None else gid
+    groups = tuple(sorted(set(os.getgrouplist(pw.pw_name, primary))))
+    return User(pw.pw_name, pw.pw_uid, primary, groups, pw.pw_dir)
 
 
 def current() -> User:

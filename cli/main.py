@@ -163,6 +163,12 @@ def build_parser() -> Parser:
 # ---- talking to the agent and to supervisors --------------------------------------------------
 
 
+#: The PATH of a job submitted for another user (``--user``): nothing of the submitter's.
+USER_PATH = "/usr/local/bin:/usr/bin:/bin"
+#: Arguments an agent of tether 0.1 does not know; left out when the door turns out to be one.
+NEWER_ARGS = ("umask",)
+
+
 def agent_call(layout: Layout, kind: str, args: dict[str, Any] | None = None,
                timeout: float = 10.0) -> Any:
     why = probe_unix(layout.sock)
@@ -170,7 +176,13 @@ def agent_call(layout: Layout, kind: str, args: dict[str, Any] | None = None,
         raise CliError(f"no agent is answering at {layout.sock} ({why})")
     with Client(layout.sock, timeout=timeout) as client:
         try:
-            return client.call(kind, args or {})
+            try:
+                return client.call(kind, args or {})
+            except RemoteError as exc:
+                older = {k: v for k, v in (args or {}).items() if k not in NEWER_ARGS}
+                if client.legacy is None or exc.code != "bad_request" or older == args:
+                    raise
+                return client.call(kind, older)  # a 0.1 agent: what it knows, nothing lost
         except Unreachable as exc:
             raise CliError(f"the agent did not answer: {exc.message}") from None
 
@@ -245,11 +257,15 @@ def cmd_submit(layout: Layout, ns: argparse.Namespace) -> int:
     if not command:
         raise CliError("submit: missing the command to run (tether submit [OPTIONS] -- CMD)",
                        EXIT_USAGE)
-    env = dict(os.environ)  # like sbatch's default --export=ALL
+    # The submitter's environment, as sbatch's default --export=ALL: the agent adds none of its
+    # own. For another user (root's --user) nothing of root's shell goes along: a plain PATH
+    # and --env only.
+    env = {"PATH": USER_PATH} if ns.user is not None else dict(os.environ)
     env.update(dict(ns.env))
     workdir = os.path.abspath(ns.workdir or os.getcwd())
     args = {"command": command, "cpus": ns.cpus, "gpus": ns.gpus, "memory_mb": ns.memory_mb,
-            "ntasks": ns.ntasks, "workdir": workdir, "env": env, "pmi": ns.pmi}
+            "ntasks": ns.ntasks, "workdir": workdir, "env": env, "pmi": ns.pmi,
+            "umask": current_umask()}
     for key in ("name", "output", "error", "user"):
         if getattr(ns, key) is not None:
             args[key] = getattr(ns, key)
@@ -261,6 +277,12 @@ def cmd_submit(layout: Layout, ns: argparse.Namespace) -> int:
     if ns.wait:
         return wait_for(layout, job["id"], None, as_json=ns.json)
     return 0
+
+
+def current_umask() -> int:
+    mask = os.umask(0o022)  # the only way to read it is to set it; put it back at once
+    os.umask(mask)
+    return mask
 
 
 def wait_for(layout: Layout, job: int, timeout: float | None, as_json: bool = False) -> int:

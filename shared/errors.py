@@ -60,6 +60,12 @@ class LaunchError(TetherError):
     code = "launch"
 
 
+class Busy(TetherError):
+    """A door's cap was reached for this caller (connections, queued work): try again later."""
+
+    code = "busy"
+
+
 class RemoteError(TetherError):
     """An error reply received from a peer, re-raised on the client side."""
 
@@ -86,5 +92,6 @@ ERROR_CODES = {
         StateError,
         ResourceError,
         LaunchError,
+        Busy,
     )
 }

@@ -31,17 +31,21 @@ import os
 import shutil
 import signal
 import socket
+import stat
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import zmq
 
 import tether
 from tether.shared import protocol, records, wire
+from tether.shared.door import Conn, Door
 from tether.shared.errors import LaunchError, TetherError
+from tether.shared.parking import Lot, Parked
 from tether.shared.paths import RunDir
 from tether.shared.procid import ProcId, all_processes
+from tether.shared.text import clip
 from tether.shared.timers import Timer, Timers, rfc3339_now
 from tether.supervisor import handlers, introspect
 from tether.supervisor.launch import Launcher, LaunchFailed
@@ -67,25 +71,15 @@ IGNORED_SIGNALS = (signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 
 
 
-@dataclass(eq=False)
-class Follower:
-    """A parked ``output`` follow request."""
+Peer = handlers.Peer
 
-    peer: wire.Peer
-    rid: protocol.RequestId
+
+@dataclass(frozen=True)
+class Follow:
+    """What a parked ``output`` follow request wants."""
+
     streams: tuple[str, ...]
     offsets: dict[str, int]
-    timer: Timer | None = field(default=None)
-
-
-@dataclass(eq=False)
-class EventWaiter:
-    """A parked ``events`` request."""
-
-    peer: wire.Peer
-    rid: protocol.RequestId
-    after: int
-    timer: Timer | None = field(default=None)
 
 
 class Supervisor:
@@ -112,7 +106,10 @@ class Supervisor:
         self.timers = Timers()
         self.ident = ProcId.of(os.getpid())
         self.session = os.getsid(0)
-        self.waiters: list[tuple[wire.Peer, protocol.RequestId, Timer]] = []
+        #: parked ``wait`` (the agent), ``output`` follows and ``events`` (value: ``after``)
+        self.waiters: Lot[None, None] = Lot(self.timers)
+        self.followers: Lot[None, Follow] = Lot(self.timers)
+        self.event_waiters: Lot[None, int] = Lot(self.timers)
         self.record: dict[str, Any] | None = None
         self.running = True
         self.remove_rundir = False
@@ -120,11 +117,10 @@ class Supervisor:
         self.drain_timer: Timer | None = None
         self.claim_timer: Timer | None = None
         self.router: zmq.Socket[Any] | None = None
-        self.followers: list[Follower] = []
-        self.event_waiters: list[EventWaiter] = []
+        self.door: Door | None = None
         self.follow_timer: Timer | None = None
-        #: (routing id, verb) -> when a follower was last answered without ``ended``
-        self.streams: dict[tuple[bytes, str], float] = {}
+        #: (peer key, verb) -> when a follower was last answered without ``ended``
+        self.streams: dict[tuple[Any, str], float] = {}
         #: the output files' sizes when the step ended: what ``ended`` means for followers
         self.final_sizes: dict[str, int] | None = None
         #: rank -> CLOCK_BOOTTIME seconds when the task was reaped (for ``stats``' elapsed)
@@ -144,11 +140,17 @@ class Supervisor:
         for sig in (signal.SIGCHLD, *TERMINATING, *IGNORED_SIGNALS):
             signal.signal(sig, _wake_only)
         ctx: zmq.Context[Any] = zmq.Context()
-        old_umask = os.umask(0)  # every request is authorized per verb; see handlers.py
+        # ZeroMQ for the agent only, inside ctl/ (0700): no other user can even connect to it.
+        # People come through the door, where every request is authorized per verb.
+        private_dir(self.rd.ctl)
+        old_umask = os.umask(0o077)
         try:
-            self.router = wire.bind_router(ctx, self.rd.sock)
+            self.router = wire.bind_router(ctx, self.rd.ctl_sock)
         finally:
             os.umask(old_umask)
+        self.door = Door(self.rd.sock, self.timers, self.on_door_request, name="supervisor door",
+                         log=log, on_close=self.on_door_close,
+                         privileged=frozenset({0, os.getuid(), int(self.spec["agent_uid"])}))
         self.write_manifest()
         self.claim_timer = self.timers.at(
             time.monotonic() + float(self.spec["claim_timeout"]), self.claim_expired)
@@ -157,6 +159,7 @@ class Supervisor:
         poller = self.poller
         poller.register(self.router, zmq.POLLIN)
         poller.register(wake_r, zmq.POLLIN)
+        poller.register(self.door.fileno(), zmq.POLLIN)
         try:
             while self.running:
                 events = dict(poller.poll(self.timers.timeout_ms(time.monotonic())))
@@ -165,12 +168,15 @@ class Supervisor:
                         self.on_signals(wake_r)
                     if self.router in events:
                         self.serve()
+                    if self.door.fileno() in events:
+                        self.door.service()
                     if self.channels is not None:
                         self.pmi_events(events)
                     self.timers.run_due(time.monotonic())
                 except Exception:  # the step outlives a bug in one code path
                     log.exception("internal error in the supervisor loop")
         finally:
+            self.door.close()
             self.router.close(linger=CLOSE_LINGER_MS)
             ctx.term()
             if self.channels is not None:
@@ -178,31 +184,46 @@ class Supervisor:
             if self.remove_rundir:
                 shutil.rmtree(self.rd.path, ignore_errors=True)
             else:
-                _unlink(self.rd.sock)
+                _unlink(self.rd.ctl_sock)
         log.info("supervisor exits")
         return 0
 
     def serve(self) -> None:
+        """The agent's requests, on the ZeroMQ ROUTER in ctl/."""
         assert self.router is not None
         while (msg := wire.receive(self.router)) is not None:
-            peer, req = msg
-            try:
-                result = handlers.dispatch(self, peer, req)
-            except TetherError as exc:
-                if exc.code == "permission_denied":
-                    log.warning("refused %r from %s: %s", req.kind, peer, exc.message)
-                self.reply(peer, protocol.error(req.id, exc))
-                continue
-            except Exception:  # a bug must not take the step down with it
-                log.exception("handler for %r failed", req.kind)
-                self.reply(peer, protocol.error(req.id, TetherError("internal error")))
-                continue
-            if result is not handlers.PENDING:
-                self.reply(peer, protocol.ok(req.id, result))
+            self.handle(*msg)
 
-    def reply(self, peer: wire.Peer, reply: protocol.Reply) -> None:
-        assert self.router is not None
-        wire.send(self.router, peer, reply)
+    def on_door_request(self, conn: Conn, req: protocol.Request) -> None:
+        self.handle(conn, req)
+
+    def on_door_close(self, conn: Conn) -> None:
+        for lot in (self.waiters, self.followers, self.event_waiters):
+            lot.drop_peer(conn.key)
+
+    def handle(self, peer: Peer, req: protocol.Request) -> None:
+        """One request from either transport: the same verbs, the same authorization."""
+        try:
+            result = handlers.dispatch(self, peer, req)
+        except TetherError as exc:
+            if exc.code == "permission_denied":
+                log.warning("refused %s from %s: %s", clip(repr(req.kind), 60), peer,
+                            clip(exc.message))
+            self.reply(peer, protocol.error(req.id, exc))
+            return
+        except Exception:  # a bug must not take the step down with it
+            log.exception("handler for %s failed", clip(repr(req.kind), 60))
+            self.reply(peer, protocol.error(req.id, TetherError("internal error")))
+            return
+        if result is not handlers.PENDING:
+            self.reply(peer, protocol.ok(req.id, result))
+
+    def reply(self, peer: Peer, reply: protocol.Reply) -> None:
+        if isinstance(peer, Conn):
+            if self.door is not None:
+                self.door.send(peer, reply)
+        elif self.router is not None:
+            wire.send(self.router, peer, reply)
 
     def on_signals(self, wake_r: socket.socket) -> None:
         got: set[int] = set()
@@ -544,9 +565,9 @@ class Supervisor:
 
     # ---- followers (output and events long polls) ---------------------------------------------
 
-    def note_stream(self, peer: wire.Peer, verb: str, ended: bool) -> None:
+    def note_stream(self, peer: Peer, verb: str, ended: bool) -> None:
         """A follower was answered: it is still reading unless it was told ``ended``."""
-        key = (peer.routing_id, verb)
+        key = (peer.key, verb)
         if ended:
             self.streams.pop(key, None)
         else:
@@ -564,31 +585,25 @@ class Supervisor:
     def streams_active(self) -> bool:
         """Is a follower parked, or was one answered without ``ended`` just now?"""
         self.prune_streams()
-        return bool(self.followers or self.event_waiters or self.streams)
+        return bool(len(self.followers) or len(self.event_waiters) or self.streams)
 
-    def add_follower(self, peer: wire.Peer, rid: protocol.RequestId, streams: tuple[str, ...],
+    def add_follower(self, peer: Peer, rid: protocol.RequestId, streams: tuple[str, ...],
                      offsets: dict[str, int], hold: float) -> None:
-        f = Follower(peer, rid, streams, offsets)
-
-        def expire() -> None:
-            if f in self.followers:
-                self.followers.remove(f)
-                self.answer_follower(f)
-        f.timer = self.timers.at(time.monotonic() + min(hold, MAX_HOLD), expire)
-        self.followers.append(f)
+        self.followers.park(None, peer, rid, min(hold, MAX_HOLD), Follow(streams, offsets),
+                            self.answer_follower)
         if self.follow_timer is None:
             self.follow_timer = self.timers.at(time.monotonic() + FOLLOW_POLL, self.follow_tick)
 
     def follow_tick(self) -> None:
         self.follow_timer = None
         self.wake_followers()
-        if self.followers:
+        if len(self.followers):
             self.follow_timer = self.timers.at(time.monotonic() + FOLLOW_POLL, self.follow_tick)
 
-    def answer_follower(self, f: Follower, *, force: bool = True) -> bool:
+    def answer_follower(self, f: Parked[Follow], *, force: bool = True) -> bool:
         """Answer ``f`` if it has news (or ``force``); True if it was answered."""
         try:
-            res = handlers.follow_result(self, f.streams, f.offsets)
+            res = handlers.follow_result(self, f.value.streams, f.value.offsets)
         except TetherError as exc:  # e.g. the file shrank below the offset
             reply = protocol.error(f.rid, exc)
         else:
@@ -596,62 +611,53 @@ class Supervisor:
                 return False
             self.note_stream(f.peer, "output", bool(res["ended"]))
             reply = protocol.ok(f.rid, res)
-        if f.timer is not None:
-            f.timer.cancel()
         self.reply(f.peer, reply)
         return True
 
     def wake_followers(self, *, force: bool = False) -> None:
         """Answer the parked followers that have news (all of them with ``force``)."""
-        self.followers = [f for f in self.followers if not self.answer_follower(f, force=force)]
-        if not self.followers and self.follow_timer is not None:
+        self.followers.take_if(None, lambda f: self.answer_follower(f, force=force))
+        if not len(self.followers) and self.follow_timer is not None:
             self.follow_timer.cancel()
             self.follow_timer = None
 
-    def add_event_waiter(self, peer: wire.Peer, rid: protocol.RequestId, after: int,
+    def add_event_waiter(self, peer: Peer, rid: protocol.RequestId, after: int,
                          hold: float) -> None:
-        w = EventWaiter(peer, rid, after)
+        self.event_waiters.park(None, peer, rid, min(hold, MAX_HOLD), after,
+                                self.answer_event_waiter)
 
-        def expire() -> None:
-            if w in self.event_waiters:
-                self.event_waiters.remove(w)
-                self.answer_event_waiter(w)
-        w.timer = self.timers.at(time.monotonic() + min(hold, MAX_HOLD), expire)
-        self.event_waiters.append(w)
-
-    def answer_event_waiter(self, w: EventWaiter) -> None:
-        if w.timer is not None:
-            w.timer.cancel()
-        res = handlers.events_result(self, w.after)
+    def answer_event_waiter(self, w: Parked[int], *, force: bool = True) -> bool:
+        res = handlers.events_result(self, w.value)
+        if not (force or res["events"] or res["ended"]):
+            return False
         self.note_stream(w.peer, "events", bool(res["ended"]))
         self.reply(w.peer, protocol.ok(w.rid, res))
+        return True
 
     def wake_event_waiters(self, *, force: bool = False) -> None:
-        keep = []
-        for w in self.event_waiters:
-            res = handlers.events_result(self, w.after)
-            if force or res["events"] or res["ended"]:
-                self.answer_event_waiter(w)
-            else:
-                keep.append(w)
-        self.event_waiters = keep
+        self.event_waiters.take_if(None, lambda w: self.answer_event_waiter(w, force=force))
 
     def release_waiters(self) -> None:
         self.step_over()
-        for peer, rid, timer in self.waiters:
-            timer.cancel()
-            self.reply(peer, protocol.ok(rid, {"done": True, "record": self.record}))
-        self.waiters.clear()
+        for p in self.waiters.take(None):
+            self.reply(p.peer, protocol.ok(p.rid, {"done": True, "record": self.record}))
 
-    def add_waiter(self, peer: wire.Peer, rid: protocol.RequestId, hold: float) -> None:
-        def expire() -> None:
-            for i, (p, r, _) in enumerate(self.waiters):
-                if p == peer and r == rid:
-                    del self.waiters[i]
-                    self.reply(peer, protocol.ok(rid, {"done": False}))
-                    return
-        timer = self.timers.at(time.monotonic() + min(hold, MAX_HOLD), expire)
-        self.waiters.append((peer, rid, timer))
+    def add_waiter(self, peer: Peer, rid: protocol.RequestId, hold: float) -> None:
+        self.waiters.park(None, peer, rid, min(hold, MAX_HOLD), None,
+                          lambda p: self.reply(p.peer, protocol.ok(p.rid, {"done": False})))
+
+
+def private_dir(path: str) -> None:
+    """``path`` as a directory only this uid may enter: made if missing, refused if it is a
+    link, someone else's, or open to others (its socket would be reachable)."""
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        raise OSError(f"{path} is not a private directory of uid {os.getuid()} "
+                      f"(mode {stat.filemode(st.st_mode)}, owner {st.st_uid})")
 
 
 def reset_signal_dispositions() -> None:
