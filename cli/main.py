@@ -24,6 +24,7 @@ from tether.shared.client import Client, probe_unix
 from tether.shared.errors import RemoteError, TetherError, Unreachable
 from tether.shared.paths import Layout, default_state_dir
 from tether.shared.step_client import StepClient, SupervisorGone, connect, parse_signal
+from tether.shared.text import printable
 
 EXIT_ERROR = 1
 EXIT_USAGE = 2
@@ -160,6 +161,12 @@ def build_parser() -> Parser:
     return p
 
 
+def say(*values: object, file: Any = None, flush: bool = False) -> None:
+    """``print`` for text that jobs or peers control (names, commands, process titles, reasons,
+    error messages): control characters are shown escaped, never sent to the terminal."""
+    print(*(printable(v) for v in values), file=file, flush=flush)
+
+
 # ---- talking to the agent and to supervisors --------------------------------------------------
 
 
@@ -229,7 +236,7 @@ def print_job(job: dict[str, Any]) -> None:
         value = job.get(key)
         if isinstance(value, list):
             value = " ".join(str(v) for v in value)
-        print(f"{key:<15}{'' if value is None else value}")
+        say(f"{key:<15}{'' if value is None else value}")
 
 
 def cmd_status(layout: Layout, ns: argparse.Namespace) -> int:
@@ -320,7 +327,7 @@ def cmd_list(layout: Layout, ns: argparse.Namespace) -> int:
         print(json.dumps(jobs))
         return 0
     for j in jobs:
-        print(f"{j['id']:>6}  {j['state']:<10} {fmt_exit(j):<6} {j['name']:<16} "
+        say(f"{j['id']:>6}  {j['state']:<10} {fmt_exit(j):<6} {j['name']:<16} "
               f"{' '.join(j['command'])}")
     return 0
 
@@ -369,22 +376,22 @@ def cmd_inspect(layout: Layout, ns: argparse.Namespace) -> int:
         print(json.dumps(st if info is None else dict(st, info=info)))
         return 0
     if ns.pmi:
-        print(f"{st['kind']} job {st['jobid']}: {st['size']} ranks, epoch {st['epoch']}, "
+        say(f"{st['kind']} job {st['jobid']}: {st['size']} ranks, epoch {st['epoch']}, "
               f"{st['kvs_keys']} keys ({st['store_bytes']} bytes), waiting "
               f"{st['waiting'] or 'none'}{', failure: ' + st['failure'] if st['failure'] else ''}")
         for r in st["ranks"]:
             flags = [k for k in ("connected", "initialized", "finalized", "aborted", "exited")
                      if r.get(k)]
-            print(f"  rank {r['rank']}: {r['protocol'] or '-'} {' '.join(flags)}")
+            say(f"  rank {r['rank']}: {r['protocol'] or '-'} {' '.join(flags)}")
         return 0
     for key in ("job", "attempt", "state", "phase", "supervisor_pid", "pids", "started_at",
                 "ended_at"):
         value = st.get(key)
         if isinstance(value, list):
             value = " ".join(str(v) for v in value)
-        print(f"{key:<15}{'' if value is None else value}")
+        say(f"{key:<15}{'' if value is None else value}")
     if st.get("exit"):
-        print(f"{'exit':<15}{fmt_exit(st['exit'])} {st['exit'].get('reason') or ''}".rstrip())
+        say(f"{'exit':<15}{fmt_exit(st['exit'])} {st['exit'].get('reason') or ''}".rstrip())
     if info is not None:
         user = f"{info['user'] or '?'} (uid {info['uid']})"
         rows = [("name", info["name"]), ("command", " ".join(info["command"])), ("user", user),
@@ -395,7 +402,7 @@ def cmd_inspect(layout: Layout, ns: argparse.Namespace) -> int:
                 ("error", info["error"]), ("pmi", info["pmi"]),
                 ("version", f"{info['version']} (protocol {info['protocol']})")]
         for key, value in rows:
-            print(f"{key:<15}{'' if value is None else value}")
+            say(f"{key:<15}{'' if value is None else value}")
     return 0
 
 
@@ -415,13 +422,13 @@ def show_pids(res: dict[str, Any], as_json: bool) -> int:
         return 0
     print(f"{'RANK':<6}{'PID':<9}STATUS")
     for t in res["tasks"]:
-        print(f"{t['rank']:<6}{t['pid'] or '-':<9}{task_status(t)}")
+        say(f"{t['rank']:<6}{t['pid'] or '-':<9}{task_status(t)}")
     if res["processes"]:
         print(f"\n{'PID':<9}{'PPID':<9}{'RANK':<6}{'STATE':<6}COMMAND")
         for p in res["processes"]:
             rank = "-" if p["rank"] is None else p["rank"]
             note = "  (adopted by the supervisor)" if p["adopted"] else ""
-            print(f"{p['pid']:<9}{p['ppid']:<9}{rank!s:<6}{p['state']:<6}{p['comm']}{note}")
+            say(f"{p['pid']:<9}{p['ppid']:<9}{rank!s:<6}{p['state']:<6}{p['comm']}{note}")
     if res.get("truncated"):
         print("(more processes not shown)")
     return 0
@@ -473,7 +480,7 @@ def show_events(step: StepClient, as_json: bool) -> int:
     for e in events:
         extra = " ".join(f"{k}={e[k]}" for k in ("rank", "pid", "state", "exit_code", "signal",
                                                   "reason") if e.get(k) is not None)
-        print(f"{e['seq']:<6}{e['time']}  {e['kind']:<13} {extra}".rstrip())
+        say(f"{e['seq']:<6}{e['time']}  {e['kind']:<13} {extra}".rstrip())
     return 0
 
 
@@ -556,14 +563,14 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_agent(state_dir, ns)
         return COMMANDS[ns.cmd](layout, ns)
     except CliError as exc:
-        print(f"tether: {exc}" if not str(exc).startswith("tether") else str(exc),
+        say(f"tether: {exc}" if not str(exc).startswith("tether") else str(exc),
               file=sys.stderr)
         return exc.code
     except RemoteError as exc:
-        print(f"tether: {exc.message}", file=sys.stderr)
+        say(f"tether: {exc.message}", file=sys.stderr)
         return EXIT_ERROR
     except TetherError as exc:
-        print(f"tether: {exc.message}", file=sys.stderr)
+        say(f"tether: {exc.message}", file=sys.stderr)
         return EXIT_ERROR
     except KeyboardInterrupt:
         return 130

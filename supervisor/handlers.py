@@ -124,7 +124,12 @@ def claim(sup: Supervisor, peer: Peer, req: protocol.Request) -> Any:
         raise StateError(f"step {sup.rd.job}.{sup.rd.attempt} was aborted before launch: "
                          f"{sup.step.abort_reason}")
     if phase is Phase.READY:
-        sup.claim()
+        sup.claim(peer, req.id)  # answered once the outputs are open and the tasks started
+        return PENDING
+    return claim_result(sup)
+
+
+def claim_result(sup: Supervisor) -> dict[str, Any]:
     return {
         "phase": sup.step.phase.value, "started_at": sup.step.started_at,
         "tasks": [{"rank": t.rank, "pid": t.pid, "start_ticks": t.start_ticks}

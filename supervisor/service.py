@@ -41,14 +41,14 @@ import zmq
 import tether
 from tether.shared import protocol, records, wire
 from tether.shared.door import Conn, Door
-from tether.shared.errors import LaunchError, TetherError
+from tether.shared.errors import LaunchError, StateError, TetherError
 from tether.shared.parking import Lot, Parked
 from tether.shared.paths import RunDir
 from tether.shared.procid import ProcId, all_processes
 from tether.shared.text import clip
 from tether.shared.timers import Timer, Timers, rfc3339_now
 from tether.supervisor import handlers, introspect
-from tether.supervisor.launch import Launcher, LaunchFailed
+from tether.supervisor.launch import Launcher, LaunchFailed, Opened, Opener
 from tether.supervisor.pmi import Abort, Broken, Finalized, Output, PmiServer, ProtocolError, Send
 from tether.supervisor.pmi_io import PmiChannels, clean_env
 from tether.supervisor.step import Phase, Step, signal_name
@@ -57,6 +57,8 @@ log = logging.getLogger("tether.supervisor")
 
 #: How long to wait for killed leftovers to be reaped before writing the record anyway.
 DRAIN_TIMEOUT = 10.0
+#: How long the opener (the job's user's files) may take before the launch fails.
+OPEN_TIMEOUT = 5.0
 #: How long the final reply (to ack) may take to leave before the socket is dropped.
 CLOSE_LINGER_MS = 1000
 MAX_HOLD = 600.0
@@ -108,6 +110,10 @@ class Supervisor:
         self.session = os.getsid(0)
         #: parked ``wait`` (the agent), ``output`` follows and ``events`` (value: ``after``)
         self.waiters: Lot[None, None] = Lot(self.timers)
+        #: ``claim`` requests waiting for the opener and the launch
+        self.claims: Lot[None, None] = Lot(self.timers)
+        self.opener: Opener | None = None
+        self.opener_timer: Timer | None = None
         self.followers: Lot[None, Follow] = Lot(self.timers)
         self.event_waiters: Lot[None, int] = Lot(self.timers)
         self.record: dict[str, Any] | None = None
@@ -170,6 +176,8 @@ class Supervisor:
                         self.serve()
                     if self.door.fileno() in events:
                         self.door.service()
+                    if self.opener is not None and self.opener.sock.fileno() in events:
+                        self.opener_ready()
                     if self.channels is not None:
                         self.pmi_events(events)
                     self.timers.run_due(time.monotonic())
@@ -198,7 +206,7 @@ class Supervisor:
         self.handle(conn, req)
 
     def on_door_close(self, conn: Conn) -> None:
-        for lot in (self.waiters, self.followers, self.event_waiters):
+        for lot in (self.waiters, self.followers, self.event_waiters, self.claims):
             lot.drop_peer(conn.key)
 
     def handle(self, peer: Peer, req: protocol.Request) -> None:
@@ -246,21 +254,77 @@ class Supervisor:
 
     # ---- launch ----------------------------------------------------------------------------
 
-    def claim(self) -> None:
-        """Start the tasks (phase ready -> running). Called once, by the first valid claim.
+    def claim(self, peer: Peer, rid: protocol.RequestId) -> None:
+        """The first valid claim starts the opener; every claim is answered once the tasks
+        have started (or the launch failed). The step stays ``ready`` meanwhile, so an abort
+        still wins, and the claim deadline no longer runs."""
+        self.claims.park(None, peer, rid, OPEN_TIMEOUT + 5.0, None, lambda p: self.reply(
+            p.peer, protocol.error(p.rid, LaunchError("the launch is still opening files"))))
+        if self.opener is not None:
+            return
+        if self.claim_timer:
+            self.claim_timer.cancel()
+        paths = [self.spec["output"]] if self.spec["error"] == self.spec["output"] else [
+            self.spec["output"], self.spec["error"]]
+        try:
+            self.opener = Opener(self.spec, paths)
+        except OSError as exc:
+            self.opened(LaunchFailed(f"cannot start the output opener: {exc}"))
+            return
+        self.poller.register(self.opener.sock, zmq.POLLIN)
+        self.opener_timer = self.timers.at(time.monotonic() + OPEN_TIMEOUT, self.opener_late)
+
+    def opener_ready(self) -> None:
+        assert self.opener is not None
+        try:
+            got: Opened | LaunchFailed = self.opener.result()
+        except LaunchFailed as exc:
+            got = exc
+        self.opened(got)
+
+    def opener_late(self) -> None:
+        if self.opener is not None:
+            self.opener.kill()
+            self.opened(LaunchFailed(f"the output files could not be opened as "
+                                     f"{self.spec.get('user')} within {OPEN_TIMEOUT:g}s"))
+
+    def drop_opener(self) -> None:
+        if self.opener is not None:
+            with contextlib.suppress(KeyError):
+                self.poller.unregister(self.opener.sock)
+            self.opener.close()
+            self.opener = None
+        if self.opener_timer is not None:
+            self.opener_timer.cancel()
+            self.opener_timer = None
+
+    def opened(self, got: Opened | LaunchFailed) -> None:
+        """Launch on what the opener handed back: phase ready -> running.
 
         The manifest says ``launching`` durably *before* the first fork: if this process dies
         while forking, the agent must find "tasks may be running" (lost, leftovers killed), never
         "never ran" (requeued, and run a second time beside the first).
         """
+        self.drop_opener()
+        if self.step.phase is not Phase.READY:  # aborted meanwhile: nothing starts
+            if isinstance(got, Opened):
+                got.close()
+                for r in got.readers:
+                    if r is not None:
+                        os.close(r)
+            self.answer_claims()
+            return
         if not self.write_manifest(launching=True):
-            raise LaunchError(f"cannot record the launch in {self.rd.manifest}; not starting")
-        if self.claim_timer:
-            self.claim_timer.cancel()
+            if isinstance(got, Opened):
+                got.close()
+            err = LaunchError(f"cannot record the launch in {self.rd.manifest}; not starting")
+            for p in self.claims.take(None):
+                self.reply(p.peer, protocol.error(p.rid, err))
+            return
         self.step.advance(Phase.RUNNING)
         self.step.started_at = rfc3339_now()
         try:
-            self.launcher.launch(self.spec, self.step)
+            self.launcher.launch(self.spec, self.step, got)
         except LaunchFailed as exc:
             log.warning("launch failed: %s", exc)
             for task in self.step.tasks:
@@ -275,7 +339,17 @@ class Supervisor:
         self.write_manifest()
         log.info("launched %d task(s): pids %s", self.step.ntasks,
                  [t.pid for t in self.step.tasks])
+        self.answer_claims()
         self.reap()  # a launch failure may already have finished the step
+
+    def answer_claims(self) -> None:
+        for p in self.claims.take(None):
+            if self.step.phase is Phase.ABORTED:
+                self.reply(p.peer, protocol.error(p.rid, StateError(
+                    f"step {self.rd.job}.{self.rd.attempt} was aborted before launch: "
+                    f"{self.step.abort_reason}")))
+            else:
+                self.reply(p.peer, protocol.ok(p.rid, handlers.claim_result(self)))
 
     def claim_expired(self) -> None:
         if self.step.phase is not Phase.READY:
@@ -295,6 +369,10 @@ class Supervisor:
         else:
             self.record = self.build_record()
             self.remove_rundir = True
+        if self.opener is not None:
+            self.opener.kill()
+            self.drop_opener()
+        self.answer_claims()
         self.release_waiters()
         self.running = False
 
