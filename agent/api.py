@@ -11,6 +11,7 @@ the job's owner, root and the agent's uid ``wait`` and ``cancel``.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -29,6 +30,7 @@ from tether.shared.errors import (
     PermissionDenied,
     ResourceError,
     StateError,
+    TetherError,
     UnknownKind,
 )
 from tether.shared.protocol import arg_int, arg_number, arg_str, arg_str_list, check_known
@@ -36,6 +38,8 @@ from tether.shared.timers import rfc3339_now
 
 if TYPE_CHECKING:
     from tether.agent.daemon import Agent
+
+log = logging.getLogger("tether.agent")
 
 PENDING = object()
 Peer = Conn
@@ -141,33 +145,52 @@ def submit(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
         raise BadRequest(f"unknown PMI {pmi!r}: use one of {', '.join(PMI_KINDS)}")
     output = _abs_path(args, "output", workdir)
     error = _abs_path(args, "error", workdir)
-    user = _submitter(peer, arg_str(args, "user", optional=True, max_len=64))
+    user_name = arg_str(args, "user", optional=True, max_len=64)
     why = agent.ledger.never_fits(ResourceRequest(cpus * ntasks, gpus, memory))
     if why:
         per = f" ({ntasks} tasks x {cpus} CPUs)" if ntasks > 1 else ""
         raise ResourceError(f"job can never run on node {agent.cfg.node}: it {why}{per}")
-    # One transaction: the output paths name the job id, which only the insert gives us, and a
-    # crash between the two statements must not leave a job with no output path.
-    agent.db.begin()
-    try:
+    # The output paths name the job id, so the id is reserved now and the job recorded only
+    # once the user's side checked out: a refused job, or one whose submitter went away
+    # meanwhile, leaves no trace.
+    job_id = agent.reserve_id()
+    out = (output or os.path.join(workdir, "tether-%j.out")).replace("%j", str(job_id))
+    err = (error or out).replace("%j", str(job_id))
+
+    def check() -> users.User:
+        """On the worker thread: who the user is (NSS may be slow) and, as that user, whether
+        the workdir can be entered and the outputs written (root would see what she cannot)."""
+        user = _submitter(peer, user_name)
+        if user.uid == os.geteuid():
+            users.check_own_access(workdir, sorted({out, err}))
+        else:
+            users.check_access(user, workdir, sorted({out, err}))
+        return user
+
+    def checked(user: users.User | None, exc: BaseException | None) -> None:
+        agent.release_id(job_id)
+        if peer.closed:
+            return  # nobody to tell the id to: nothing is recorded
+        if exc is not None:
+            if not isinstance(exc, TetherError):
+                log.error("submit check failed: %s", exc, exc_info=exc)
+                exc = TetherError("internal error")
+            agent.reply(peer, protocol.error(req.id, exc))
+            return
+        assert user is not None
         job = agent.db.insert(
-            name=name, command=command, state="pending", cpus_per_task=cpus, ntasks=ntasks,
-            gpus_req=gpus, memory_mb=memory, output="", error="", workdir=workdir, env=env,
-            submitted_at=rfc3339_now(), pmi=pmi,
-        )
-        out = (output or os.path.join(workdir, "tether-%j.out")).replace("%j", str(job.id))
-        err = (error or out).replace("%j", str(job.id))
-        # As the user, never as root: whether the user may enter the workdir and write the
-        # outputs (root would see paths the user cannot). Refused jobs leave no trace.
-        users.check_access(user, workdir, sorted({out, err}))
-        job = agent.db.update(job.id, output=out, error=err, user=user.name, uid=user.uid,
-                              gid=user.gid, umask=umask)
-        agent.db.commit()
+            id=job_id, name=name, command=command, state="pending", cpus_per_task=cpus,
+            ntasks=ntasks, gpus_req=gpus, memory_mb=memory, output=out, error=err,
+            workdir=workdir, env=env, submitted_at=rfc3339_now(), pmi=pmi, user=user.name,
+            uid=user.uid, gid=user.gid, umask=umask)
+        agent.schedule_due = True
+        agent.reply(peer, protocol.ok(req.id, job.public()))
+    try:
+        agent.offload.submit(check, checked, "submissions")
     except BaseException:
-        agent.db.rollback()
+        agent.release_id(job_id)
         raise
-    agent.schedule_due = True
-    return job.public()
+    return PENDING
 
 
 def list_jobs(agent: Agent, peer: Peer, req: protocol.Request) -> Any:

@@ -31,10 +31,11 @@ from typing import Any
 import zmq
 
 import tether.shared.records
-from tether.agent import api, fallback, users
+from tether.agent import api, fallback, statedir, users
 from tether.agent.db import ACTIVE, Job, Store
 from tether.agent.ledger import Conflict, Ledger, Request
 from tether.agent.link import Link
+from tether.agent.offload import Offload
 from tether.agent.spawn import SpawnError, spawn_supervisor
 from tether.shared import protocol
 from tether.shared.door import Conn, Door
@@ -91,6 +92,10 @@ class Agent:
         #: parked ``wait`` requests, by job id
         self.waiters: Lot[int, None] = Lot(self.timers)
         self.door: Door | None = None
+        #: slow calls (user lookups, checks run as the user) off the loop
+        self.offload = Offload()
+        #: job ids handed to submissions still being checked (recorded once they pass)
+        self.reserved: set[int] = set()
         self.stopping = False
         self.reattaching: set[int] = set()
         #: jobs whose allocation is in the ledger right now (released exactly once)
@@ -111,8 +116,14 @@ class Agent:
 
     def run(self) -> int:
         self.layout.check()
-        os.makedirs(self.cfg.state_dir, mode=0o755, exist_ok=True)
-        self.lock_fd = os.open(self.layout.lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:  # ours alone, or refused: see statedir.py
+            dir_fd = statedir.open_state_dir(self.cfg.state_dir)
+            try:
+                self.lock_fd = statedir.open_lock(dir_fd, self.cfg.state_dir)
+            finally:
+                os.close(dir_fd)
+        except statedir.UnsafeStateDir as exc:
+            raise AgentError(str(exc)) from None
         try:
             fcntl.flock(self.lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -143,6 +154,7 @@ class Agent:
             self.door = Door(self.layout.sock, self.timers, self.on_request, name="agent door",
                              log=log, on_close=self.on_door_close)
             self.poller.register(self.door.fileno(), zmq.POLLIN)
+            self.poller.register(self.offload.fileno(), zmq.POLLIN)
             log.info("agent serving on %s after %.0f ms (node %s, %d CPUs, %d GPUs, %d MB)",
                      self.layout.sock, (time.monotonic() - t0) * 1000, self.cfg.node,
                      len(self.cfg.cpu_ids), self.cfg.gpus, self.cfg.memory_mb)
@@ -159,6 +171,7 @@ class Agent:
             link.close()
         if self.door is not None:
             self.door.close()  # unlinks the socket only if it is still the one it bound
+        self.offload.close()
         self.ctx.term()
         if self.store is not None:
             self.store.close()
@@ -189,6 +202,8 @@ class Agent:
             self.on_signals(wake_r)
         elif self.door is not None and item == self.door.fileno():
             self.door.service()
+        elif item == self.offload.fileno():
+            self.offload.service()
         elif isinstance(item, int):
             pid_link = self.pidfd_owners.get(item)
             if pid_link is not None and not pid_link.closed and pid_link.pidfd == item:
@@ -224,6 +239,16 @@ class Agent:
             return
         if result is not api.PENDING:
             self.reply(conn, protocol.ok(req.id, result))
+
+    def reserve_id(self) -> int:
+        """The id the next recorded job gets, held until ``release_id``. A refused submission
+        gives its id back when no later one was handed out, so ids stay dense."""
+        job_id = max(self.db.last_id(), max(self.reserved, default=0)) + 1
+        self.reserved.add(job_id)
+        return job_id
+
+    def release_id(self, job_id: int) -> None:
+        self.reserved.discard(job_id)
 
     def on_door_close(self, conn: Conn) -> None:
         self.waiters.drop_peer(conn.key)

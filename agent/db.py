@@ -168,6 +168,13 @@ class Store:
         assert job_id is not None
         return self.get_required(job_id)
 
+    def last_id(self) -> int:
+        """The highest id ever given (AUTOINCREMENT never reuses one)."""
+        row = self.conn.execute(
+            "SELECT COALESCE((SELECT seq FROM sqlite_sequence WHERE name = 'jobs'), 0)"
+        ).fetchone()
+        return int(row[0])
+
     def update(self, job_id: int, **fields: Any) -> Job:
         for col in _JSON_COLS:
             if col in fields:

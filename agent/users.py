@@ -68,6 +68,15 @@ def current() -> User:
     return User(pw.pw_name, pw.pw_uid, pw.pw_gid, tuple(sorted(set(os.getgroups()))), pw.pw_dir)
 
 
+def check_own_access(workdir: str, outputs: list[str]) -> None:
+    """The same check for a job of the agent's own user: this process's view is the job's."""
+    if not os.path.isdir(workdir):
+        raise BadRequest(f"working directory {workdir} does not exist or is not a directory")
+    for path in outputs:
+        if not os.path.isdir(os.path.dirname(path)):
+            raise BadRequest(f"output file {path}: its directory does not exist")
+
+
 def check_access(user: User, workdir: str, outputs: list[str]) -> None:
     """Refuse, with the reason, a job whose user could not enter ``workdir`` or write outputs."""
     try:

@@ -32,6 +32,7 @@ import contextlib
 import errno
 import logging
 import os
+import resource
 import select
 import socket
 import stat
@@ -118,6 +119,10 @@ class Door:
         self.log = log
         self.limits = limits
         self.privileged = privileged if privileged is not None else frozenset({0, os.getuid()})
+        # A quarter of the open-file limit at most: the daemon's own work needs the rest.
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        self.conns_total = limits.conns_total if soft == resource.RLIM_INFINITY else min(
+            limits.conns_total, max(32, soft // 4))
         self.conns: dict[int, Conn] = {}
         self.by_uid: dict[int, set[Conn]] = {}
         self.out_by_uid: dict[int, int] = {}
@@ -251,8 +256,8 @@ class Door:
         if held >= self.limits.conns_per_uid:
             return f"uid {uid} holds {held} connections already (at most " \
                    f"{self.limits.conns_per_uid})"
-        if len(self.conns) >= self.limits.conns_total:
-            return f"{len(self.conns)} connections open (at most {self.limits.conns_total})"
+        if len(self.conns) >= self.conns_total:
+            return f"{len(self.conns)} connections open (at most {self.conns_total})"
         return None
 
     def _drop(self, conn: Conn) -> None:
