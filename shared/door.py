@@ -52,6 +52,9 @@ _CRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 _READ = 1 << 16
 _IN, _OUT = select.EPOLLIN, select.EPOLLOUT
 _ERR = select.EPOLLERR | select.EPOLLHUP
+#: Lines a second (and a burst) the door logs about bad requests, whoever sends them.
+LOG_RATE = 10.0
+LOG_BURST = 20.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +134,8 @@ class Door:
         self.ready: set[Conn] = set()
         self.throttle_timer: Timer | None = None
         self.last_refusal_log = -1e9
+        self.log_bucket = (LOG_BURST, time.monotonic())
+        self.log_dropped = 0
         self.refused = 0
         self.ep = select.epoll()
         self.kick_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
@@ -359,11 +364,27 @@ class Door:
     def _bad(self, conn: Conn, message: str, rid: protocol.RequestId | None,
              exc: TetherError | None = None) -> None:
         now = time.monotonic()
-        if now - conn.last_bad_log >= 1.0:
+        # once per connection per second, and at most ~10 lines a second in all (a peer that
+        # reconnects for every bad frame gets no more)
+        if now - conn.last_bad_log >= 1.0 and self._log_token(now):
             conn.last_bad_log = now
             self.log.warning("%s: bad request from %s: %s", self.name, conn, clip(message))
         err = exc if exc is not None else protocol.DecodeError(message)
         self.send(conn, protocol.error(rid, err))
+
+    def _log_token(self, now: float) -> bool:
+        tokens, when = self.log_bucket
+        tokens = min(LOG_BURST, tokens + (now - when) * LOG_RATE)
+        if tokens < 1.0:
+            self.log_bucket = (tokens, now)
+            self.log_dropped += 1
+            return False
+        if self.log_dropped:
+            self.log.warning("%s: %d more bad requests not logged", self.name,
+                             self.log_dropped)
+            self.log_dropped = 0
+        self.log_bucket = (tokens - 1.0, now)
+        return True
 
     def _spend(self, conn: Conn) -> bool:
         """Take one token from the uid's bucket; False (and a refill timer) when empty."""
