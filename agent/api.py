@@ -178,11 +178,15 @@ def submit(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
             agent.reply(peer, protocol.error(req.id, exc))
             return
         assert user is not None
-        job = agent.db.insert(
-            id=job_id, name=name, command=command, state="pending", cpus_per_task=cpus,
-            ntasks=ntasks, gpus_req=gpus, memory_mb=memory, output=out, error=err,
-            workdir=workdir, env=env, submitted_at=rfc3339_now(), pmi=pmi, user=user.name,
-            uid=user.uid, gid=user.gid, umask=umask)
+        try:
+            job = agent.db.insert(
+                id=job_id, name=name, command=command, state="pending", cpus_per_task=cpus,
+                ntasks=ntasks, gpus_req=gpus, memory_mb=memory, output=out, error=err,
+                workdir=workdir, env=env, submitted_at=rfc3339_now(), pmi=pmi, user=user.name,
+                uid=user.uid, gid=user.gid, umask=umask)
+        except TetherError as full:  # a full state directory: nothing recorded, say so
+            agent.reply(peer, protocol.error(req.id, full))
+            return
         agent.schedule_due = True
         agent.reply(peer, protocol.ok(req.id, job.public()))
     try:
@@ -232,15 +236,10 @@ def cancel(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
     if job.state in FINAL:
         raise StateError(f"job {job.id} has already ended ({job.state})")
     if job.state == "pending":
-        agent.finalize(job, state="cancelled", exit_code=None, sig=None,
-                       reason="cancelled while pending")
-        return agent.db.get_required(job.id).public()
+        return agent.cancel_pending(job).public()
     assert job.state in ACTIVE
     job = agent.db.update(job.id, cancel_requested=1)  # durable before anything is sent
-    link = agent.links.get(job.id)
-    if link is not None and link.pidfd is not None:
-        agent.terminate(link, job)
-    # otherwise the claim or reattach path sees cancel_requested and acts on it
+    agent.cancel(job)
     return job.public()
 
 

@@ -1,4 +1,4 @@
-"""The agent's event loop and job lifecycle (I/O).
+"""The agent's event loop (I/O): it performs the lifecycle's effects and feeds it events.
 
 Theory of operation. One thread, one ``zmq.Poller`` over: the door (``shared/door.py``: every
 local user's CLI, on a plain AF_UNIX socket), one DEALER per supervisor (ZeroMQ, in the run
@@ -6,13 +6,18 @@ directory's ctl/, which only this uid can enter), one pidfd per supervisor, and 
 socket; plus a timer heap. The
 database is the only durable state and is written before anyone is told anything.
 
-A job's life, as seen from here (the numbers are those of docs/architecture.md):
+What happens to a (job, attempt) is decided by ``lifecycle.py`` alone (a pure transition
+table); this module turns replies, timeouts, pidfds and what the run directory says into its
+events (``feed``) and performs the effects it asks for (``perform``): spawn, hello, claim, wait,
+terminate, ack, kill, record, release, requeue. The steps (numbered as in docs/architecture.md):
   pending -> [allocate, record ``starting`` + attempt + allocation] -> spawn -> hello -> claim
   -> [record ``running``] -> wait (long poll, re-issued) -> [record the result, free the
   allocation, answer waiters] -> ack -> the supervisor removes its run directory and exits.
 
 When a supervisor's pidfd fires the link is drained first (its last reply and its exit can land
-in one poll), then, if the job is still active, the run directory decides: see ``fallback.py``.
+in one poll), then the run directory decides (``fallback.py``) and the verdict is fed as
+``Gone``. A database write that fails for want of space leaves the machine as it was; the same
+event is fed again ``RETRY_FULL`` seconds later, so results are recorded once space returns.
 """
 
 from __future__ import annotations
@@ -25,15 +30,16 @@ import shutil
 import signal
 import socket
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
 import zmq
 
 import tether.shared.records
-from tether.agent import api, fallback, statedir, users
-from tether.agent.db import ACTIVE, Job, Store
-from tether.agent.ledger import Conflict, Ledger, Request
+from tether.agent import api, fallback, lifecycle, statedir, users
+from tether.agent.db import ACTIVE, Job, Store, StoreFull
+from tether.agent.ledger import Allocation, Conflict, Ledger, Request
 from tether.agent.link import Link
 from tether.agent.offload import Offload
 from tether.agent.spawn import SpawnError, spawn_supervisor
@@ -53,9 +59,8 @@ CLAIM_TIMEOUT = 10.0
 WAIT_HOLD = 60.0
 RETRY_UNRESPONSIVE = 5.0
 REATTACH_DEADLINE = 3.0
-#: attempts after which a job whose supervisor never started is failed rather than requeued
-MAX_ATTEMPTS = 5
-
+#: after a database write failed for want of space, the event is fed again this much later
+RETRY_FULL = 1.0
 
 
 @dataclass
@@ -98,10 +103,13 @@ class Agent:
         self.reserved: set[int] = set()
         self.stopping = False
         self.reattaching: set[int] = set()
-        #: jobs whose allocation is in the ledger right now (released exactly once)
-        self.holding: set[int] = set()
-        #: every open link, including ad-hoc ones (orphan acks) that serve no active job
-        self.all_links: set[Link] = set()
+        #: one machine per job whose attempt is not settled and forgotten (lifecycle.py)
+        self.machines: dict[int, lifecycle.Machine] = {}
+        #: events waiting for the transition in progress to complete (see ``feed``)
+        self.events: deque[tuple[int, int, lifecycle.Event]] = deque()
+        self.feeding = False
+        #: the allocation each job holds in the ledger right now (released exactly once)
+        self.allocations: dict[int, Allocation] = {}
         self.schedule_due = False
         self.pidfd_owners: dict[int, Link] = {}
         self.lock_fd = -1
@@ -167,7 +175,7 @@ class Agent:
 
     def shutdown(self) -> None:
         """Stop serving. Every supervisor and every job keeps running."""
-        for link in list(self.all_links):
+        for link in list(self.links.values()):
             link.close()
         if self.door is not None:
             self.door.close()  # unlinks the socket only if it is still the one it bound
@@ -278,12 +286,18 @@ class Agent:
                                                  job.memory_mb))
             if alloc is None:
                 return
-            self.holding.add(job.id)
             attempt = job.attempt + 1
-            job = self.db.update(job.id, state="starting", attempt=attempt, cpus=list(alloc.cpus),
-                                 gpus=list(alloc.gpus), pids=[], supervisor_pid=None,
-                                 supervisor_ticks=None)
-            self.launch(job)
+            try:
+                job = self.db.update(job.id, state="starting", attempt=attempt,
+                                     cpus=list(alloc.cpus), gpus=list(alloc.gpus), pids=[],
+                                     supervisor_pid=None, supervisor_ticks=None)
+            except BaseException:
+                self.ledger.release(alloc)  # nothing was recorded: nothing is held
+                raise
+            self.allocations[job.id] = alloc
+            machine, effects = lifecycle.start(job.id, attempt, cancel=job.cancel_requested)
+            self.machines[job.id] = machine
+            self.perform(machine, effects)
 
     def identity(self, job: Job) -> dict[str, Any]:
         """Who the tasks run as: the job's user, looked up again at launch (groups may change)."""
@@ -300,6 +314,7 @@ class Agent:
                 "home": user.home, "umask": 0o022 if job.umask is None else job.umask}
 
     def launch(self, job: Job) -> None:
+        """Effect ``Spawn`` (L2, L3): feeds ``Spawned`` or ``SpawnFailed``."""
         rd = self.layout.run_dir(job.id, job.attempt)
         per = job.cpus_per_task
         spec = {
@@ -318,23 +333,118 @@ class Agent:
         except (SpawnError, OSError) as exc:
             log.error("job %d: %s", job.id, exc)
             if os.path.isdir(rd.path) and not fallback.lock_is_free(rd):
-                self.connect(job, rd, fresh=True)  # it did start after all: follow it
-                return
-            shutil.rmtree(rd.path, ignore_errors=True)
-            self.finalize(job, state="failed", exit_code=None, sig=None,
-                          reason=f"could not start its supervisor: {exc}")
+                self.feed(job.id, job.attempt, lifecycle.Spawned(pid=0))  # it did start
+            else:
+                self.feed(job.id, job.attempt, lifecycle.SpawnFailed(reason=str(exc)))
             return
         log.info("job %d attempt %d: supervisor spawned (pid %d)", job.id, job.attempt, pid)
-        self.db.update(job.id, supervisor_pid=pid)
-        self.connect(job, rd, fresh=True)
+        self.feed(job.id, job.attempt, lifecycle.Spawned(pid=pid))
+
+    # ---- the lifecycle: feed events, perform effects ---------------------------------------
+
+    def feed(self, job_id: int, attempt: int, event: lifecycle.Event) -> None:
+        """Hand an event to the job's machine. Events that effects raise while this runs are
+        queued and handled in order after it, so each transition completes before the next."""
+        self.events.append((job_id, attempt, event))
+        if self.feeding:
+            return
+        self.feeding = True
+        try:
+            while self.events:
+                j, a, ev = self.events.popleft()
+                try:
+                    self.apply(j, a, ev)
+                except Exception:  # a bug in one job's handling must not stop the node
+                    log.exception("job %d: internal error while handling %r", j, ev)
+        finally:
+            self.feeding = False
+
+    def apply(self, job_id: int, attempt: int, event: lifecycle.Event) -> None:
+        machine = self.machines.get(job_id)
+        if machine is None or machine.attempt != attempt:
+            return  # a late event for an attempt that is settled and forgotten
+        new, effects = lifecycle.step(machine, event)
+        if new is machine and not effects:
+            return
+        log.debug("job %d: %r + %r -> %r: %r", job_id, machine, event, new, effects)
+        if "skip-ack" in self.cfg.faults and isinstance(event, lifecycle.ExitRecord):
+            log.warning("job %d: fault injection: not acknowledging", job_id)
+            effects = [e for e in effects if not isinstance(e, lifecycle.Ack)]
+        self.machines[job_id] = new
+        try:
+            self.perform(new, effects)
+        except StoreFull as exc:
+            # Durable effects come first, so nothing after the failed write was done: keep the
+            # old machine and feed the same event again once there may be space.
+            if self.machines.get(job_id) is new:
+                self.machines[job_id] = machine
+            log.error("job %d: %s; trying again in %gs", job_id, exc.message, RETRY_FULL)
+            self.timers.at(time.monotonic() + RETRY_FULL,
+                           lambda: self.feed(job_id, attempt, event))
+            return
+        if new.state not in (lifecycle.State.ADOPTING, lifecycle.State.CONNECTING,
+                             lifecycle.State.CLAIMING):
+            self.reattaching.discard(job_id)
+        if new.final and self.machines.get(job_id) is new:
+            del self.machines[job_id]
+            link = self.links.get(job_id)
+            if link is not None:
+                self.drop_link(link)
+
+    def perform(self, m: lifecycle.Machine, effects: list[lifecycle.Effect]) -> None:
+        ended = False
+        for eff in effects:
+            if isinstance(eff, lifecycle.Finalize):
+                self.finalize(m.job, eff)
+                ended = True
+            elif isinstance(eff, lifecycle.Release):
+                self.release(m.job)
+            elif isinstance(eff, lifecycle.Requeue):
+                self.requeue(m, eff.reason)
+            elif isinstance(eff, lifecycle.RecordRunning):
+                job = self.db.update(m.job, state="running", pids=list(eff.pids),
+                                     started_at=eff.started_at or rfc3339_now())
+                log.info("job %d attempt %d running: pids %s", m.job, m.attempt, job.pids)
+            elif isinstance(eff, lifecycle.RecordPid):
+                if eff.pid > 0:
+                    self.db.update(m.job, supervisor_pid=eff.pid)
+            elif isinstance(eff, lifecycle.Spawn):
+                self.launch(self.db.get_required(m.job))
+            elif isinstance(eff, lifecycle.Connect):
+                self.connect(m, fresh=eff.fresh)
+            elif isinstance(eff, lifecycle.Claim):
+                self.claim(self.links[m.job])
+            elif isinstance(eff, lifecycle.Wait):
+                self.wait(self.links[m.job])
+            elif isinstance(eff, lifecycle.Terminate):
+                link = self.links.get(m.job)
+                if link is not None:
+                    self.terminate(link)
+            elif isinstance(eff, lifecycle.Ack):
+                self.ack(m)
+            elif isinstance(eff, lifecycle.Disconnect):
+                link = self.links.get(m.job)
+                if link is not None:
+                    self.drop_link(link)
+            elif isinstance(eff, lifecycle.Retry):
+                self.timers.at(time.monotonic() + RETRY_UNRESPONSIVE,
+                               lambda: self.feed(m.job, m.attempt, lifecycle.Deadline()))
+            elif isinstance(eff, lifecycle.Kill):
+                fallback.kill_leftovers(self.layout.run_dir(m.job, m.attempt),
+                                        self.db.get(m.job))
+            elif isinstance(eff, lifecycle.RemoveRunDir):
+                shutil.rmtree(self.layout.run_dir(m.job, m.attempt).path, ignore_errors=True)
+            else:  # pragma: no cover - the effect union is closed
+                raise AssertionError(f"unknown effect {eff!r}")
+        if ended:
+            self.job_ended(self.db.get_required(m.job))
+            self.schedule_due = True
 
     # ---- following a supervisor ------------------------------------------------------------
 
-    def open_link(self, job: int, attempt: int, path: str, *, track: bool) -> Link:
+    def open_link(self, job: int, attempt: int, path: str) -> Link:
         link = Link(self.ctx, self.timers, job, attempt, path)
-        if track:
-            self.links[job] = link
-        self.all_links.add(link)
+        self.links[job] = link
         self.by_sock[link.sock] = link
         self.poller.register(link.sock, zmq.POLLIN)
 
@@ -346,15 +456,20 @@ class Agent:
         link.on_reopen = reopened
         return link
 
-    def connect(self, job: Job, rd: RunDir, *, fresh: bool) -> Link:
-        link = self.open_link(job.id, job.attempt, rd.agent_sock(), track=True)
+    def connect(self, m: lifecycle.Machine, *, fresh: bool) -> Link:
+        """Effect ``Connect``: a link to the attempt's supervisor (kept if open), then hello."""
+        rd = self.layout.run_dir(m.job, m.attempt)
+        link = self.links.get(m.job)
+        if link is None or link.closed or link.attempt != m.attempt:
+            if link is not None:
+                self.drop_link(link)
+            link = self.open_link(m.job, m.attempt, rd.agent_sock())
         self.hello(link, rd, timeout=CLAIM_TIMEOUT if fresh else HELLO_TIMEOUT)
         return link
 
     def drop_link(self, link: Link) -> None:
         if self.links.get(link.job) is link:
             del self.links[link.job]
-        self.all_links.discard(link)
         self.by_sock.pop(link.sock, None)
         with contextlib.suppress(KeyError):
             self.poller.unregister(link.sock)
@@ -363,21 +478,15 @@ class Agent:
             with contextlib.suppress(KeyError):
                 self.poller.unregister(link.pidfd)
         link.close()
-        self.reattaching.discard(link.job)
 
-    def current(self, link: Link) -> Job | None:
-        """The job this link still speaks for, or None if the link is stale."""
-        if self.links.get(link.job) is not link:
-            return None
-        job = self.db.get(link.job)
-        if job is None or job.attempt != link.attempt:
-            return None
-        return job
+    def live(self, link: Link) -> bool:
+        """True while ``link`` still speaks for its job's current attempt."""
+        m = self.machines.get(link.job)
+        return self.links.get(link.job) is link and m is not None and m.attempt == link.attempt
 
     def hello(self, link: Link, rd: RunDir, timeout: float) -> None:
         def ok(res: Any) -> None:
-            job = self.current(link)
-            if job is None:
+            if not self.live(link):
                 return
             why = fallback.check_identity(rd, res, link.peer_pid)
             if why is None and link.peer_uid not in (-1, 0, os.getuid()):
@@ -385,245 +494,175 @@ class Agent:
             if why is None and res.get("protocol") not in protocol.SUPPORTED_VERSIONS:
                 why = f"it answered in protocol version {res.get('protocol')!r}"
             if why is not None:
-                log.error("job %d: refusing the process serving %s: %s", job.id, link.path,
+                log.error("job %d: refusing the process serving %s: %s", link.job, link.path,
                           why)
                 self.drop_link(link)
-                self.gone(job, note=f"its socket was served by an impostor ({why})")
+                self.gone(link.job, link.attempt,
+                          note=f"its socket was served by an impostor ({why})")
                 return
             ident = ProcId(res["boot_id"], res["pid"], res["start_ticks"])
             if not link.watch(ident):
                 self.drop_link(link)
-                self.gone(job)
+                self.gone(link.job, link.attempt)
                 return
             assert link.pidfd is not None
             self.by_pidfd[link.pidfd] = link
             self.poller.register(link.pidfd, zmq.POLLIN)
+            job = self.db.get_required(link.job)
             if job.supervisor_pid != ident.pid or job.supervisor_ticks != ident.start_ticks:
-                self.db.update(job.id, supervisor_pid=ident.pid,
-                               supervisor_ticks=ident.start_ticks)
+                with contextlib.suppress(StoreFull):  # information only
+                    self.db.update(job.id, supervisor_pid=ident.pid,
+                                   supervisor_ticks=ident.start_ticks)
             phase = res["phase"]
-            if phase in ("exited", "aborted") or job.final:
-                self.wait(link)
-            elif job.cancel_requested and phase == "ready":
-                self.terminate(link, job)
-            elif phase == "ready" and "stall-before-claim" in self.cfg.faults:
-                log.warning("job %d: fault injection: not claiming", job.id)
-            else:
-                self.claim(link)
+            m = self.machines[link.job]
+            if phase == "ready" and not m.cancel and "stall-before-claim" in self.cfg.faults:
+                log.warning("job %d: fault injection: not claiming", link.job)
+                return
+            self.feed(link.job, link.attempt, lifecycle.HelloAnswered(phase=str(phase)))
 
-        def err(exc: TetherError) -> None:
-            self.trouble(link, rd, exc)
-        link.request("hello", {"versions": sorted(protocol.SUPPORTED_VERSIONS)}, timeout, ok, err)
+        link.request("hello", {"versions": sorted(protocol.SUPPORTED_VERSIONS)}, timeout, ok,
+                     lambda exc: self.trouble(link, exc))
 
     def claim(self, link: Link) -> None:
         def ok(res: Any) -> None:
-            job = self.current(link)
-            if job is None:
-                return
-            self.reattaching.discard(job.id)
-            pids = [t["pid"] for t in res["tasks"] if t["pid"]]
-            if job.state != "running":
-                job = self.db.update(job.id, state="running", pids=pids,
-                                     started_at=res.get("started_at") or rfc3339_now())
-                log.info("job %d attempt %d running: pids %s", job.id, job.attempt, pids)
-            if job.cancel_requested:
-                self.terminate(link, job)
-            self.wait(link)
-
-        def err(exc: TetherError) -> None:
-            self.trouble(link, self.layout.run_dir(link.job, link.attempt), exc)
-        link.request("claim", link.target, CLAIM_TIMEOUT, ok, err)
+            if self.live(link):
+                pids = tuple(t["pid"] for t in res["tasks"] if t["pid"])
+                self.feed(link.job, link.attempt,
+                          lifecycle.Claimed(pids=pids, started_at=res.get("started_at")))
+        link.request("claim", link.target, CLAIM_TIMEOUT, ok,
+                     lambda exc: self.trouble(link, exc))
 
     def wait(self, link: Link) -> None:
         def ok(res: Any) -> None:
-            job = self.current(link)
-            if job is None:
+            if not self.live(link):
                 return
-            self.reattaching.discard(job.id)
             if not res.get("done"):
-                self.wait(link)
+                self.feed(link.job, link.attempt, lifecycle.WaitTimedOut())
                 return
-            self.collect(job, res["record"])
-            if "skip-ack" in self.cfg.faults:
-                log.warning("job %d: fault injection: not acknowledging", job.id)
-                return
-            self.ack(link)
+            verdict = fallback.verdict_of(res.get("record"), f"job {link.job}'s exit record")
+            self.feed(link.job, link.attempt, lifecycle.ExitRecord(verdict=verdict))
 
-        def err(exc: TetherError) -> None:
-            self.trouble(link, self.layout.run_dir(link.job, link.attempt), exc)
         args = dict(link.target, hold=WAIT_HOLD)
-        link.request("wait", args, WAIT_HOLD + 10.0, ok, err)
+        link.request("wait", args, WAIT_HOLD + 10.0, ok, lambda exc: self.trouble(link, exc))
 
-    def ack(self, link: Link) -> None:
+    def ack(self, m: lifecycle.Machine) -> None:
+        """Effect ``Ack`` (C3): once the outcome is recorded, let the supervisor clean up."""
+        rd = self.layout.run_dir(m.job, m.attempt)
+        if not os.path.isdir(rd.path) or fallback.lock_is_free(rd):
+            self.feed(m.job, m.attempt, lifecycle.Gone(
+                verdict=lifecycle.NeverRan(reason="its supervisor is gone")))
+            return
+        link = self.links.get(m.job)
+        if link is None or link.closed:
+            link = self.open_link(m.job, m.attempt, rd.agent_sock())
+
         def done(_: Any) -> None:
-            self.drop_link(link)
+            if self.live(link):
+                self.feed(link.job, link.attempt, lifecycle.Acked())
 
         def failed(exc: TetherError) -> None:
-            self.drop_link(link)
-            self.ack_failed(self.layout.run_dir(link.job, link.attempt), exc)
+            if not self.live(link):
+                return
+            refused = isinstance(exc, RemoteError)
+            if refused:
+                log.warning("job %d: its supervisor refused the ack: %s", m.job, exc.message)
+            else:
+                log.warning("job %d: acknowledging its finished supervisor failed (%s); "
+                            "trying again in %gs", m.job, exc.message, RETRY_UNRESPONSIVE)
+            self.feed(link.job, link.attempt,
+                      lifecycle.AckFailed(refused=refused, message=exc.message))
         link.request("ack", link.target, HELLO_TIMEOUT, done, failed)
 
-    def ack_failed(self, rd: RunDir, exc: TetherError) -> None:
-        """A recorded result whose supervisor did not take the ack: ask again while it lives."""
-        if isinstance(exc, RemoteError):
-            log.warning("job %d: its supervisor refused the ack: %s", rd.job, exc.message)
-            return
-        log.warning("job %d: acknowledging its finished supervisor failed (%s); trying again "
-                    "in %gs", rd.job, exc.message, RETRY_UNRESPONSIVE)
-
-        def again() -> None:
-            if not os.path.isdir(rd.path):
-                return
-            if fallback.lock_is_free(rd):
-                shutil.rmtree(rd.path, ignore_errors=True)
-            else:
-                self.orphan(rd)
-        self.timers.at(time.monotonic() + RETRY_UNRESPONSIVE, again)
-
-    def terminate(self, link: Link, job: Job) -> None:
+    def terminate(self, link: Link, job: Job | None = None) -> None:
         def ok(res: Any) -> None:
-            job = self.current(link)
-            if job is not None and res.get("phase") == "aborted":
-                self.drop_link(link)
-                self.finalize(job, state="cancelled", exit_code=None, sig=None,
-                              reason="cancelled before it started")
-                shutil.rmtree(self.layout.run_dir(job.id, job.attempt).path, ignore_errors=True)
+            if self.live(link):
+                self.feed(link.job, link.attempt,
+                          lifecycle.Terminated(phase=str(res.get("phase"))))
 
         def err(exc: TetherError) -> None:
-            log.warning("job %d: terminate failed: %s", job.id, exc.message)
+            log.warning("job %d: terminate failed: %s", link.job, exc.message)
         args = dict(link.target, grace=self.cfg.cancel_grace, cancel=True)
         link.request("terminate", args, HELLO_TIMEOUT, ok, err)
 
-    def trouble(self, link: Link, rd: RunDir, exc: TetherError) -> None:
+    def cancel(self, job: Job) -> None:
+        """A cancel was recorded for an active job: tell its machine."""
+        self.feed(job.id, job.attempt, lifecycle.CancelRequested())
+
+    def trouble(self, link: Link, exc: TetherError) -> None:
         """A request failed: a dead supervisor goes to the fallback, a hung one is retried."""
-        job = self.current(link)
-        if job is None:
-            self.drop_link(link)
+        if not self.live(link):
             return
         if isinstance(exc, RemoteError):
-            log.error("job %d: supervisor refused: %s", job.id, exc.message)
+            log.error("job %d: supervisor refused: %s", link.job, exc.message)
+        rd = self.layout.run_dir(link.job, link.attempt)
         if fallback.lock_is_free(rd):
-            self.drop_link(link)
-            self.gone(job)
+            self.gone(link.job, link.attempt)
             return
         log.warning("job %d: %s; the supervisor holds its lock, so it is alive: keeping "
-                    "its allocation and asking again in %gs", job.id, exc.message,
+                    "its allocation and asking again in %gs", link.job, exc.message,
                     RETRY_UNRESPONSIVE)
-        self.reattaching.discard(job.id)
-
-        def retry() -> None:
-            if self.current(link) is not None:
-                self.hello(link, rd, HELLO_TIMEOUT)
-        self.timers.at(time.monotonic() + RETRY_UNRESPONSIVE, retry)
+        self.feed(link.job, link.attempt, lifecycle.LinkError(message=exc.message))
 
     def on_supervisor_exit(self, link: Link) -> None:
         if link.ident is not None and link.ident.alive():
             return  # not its exit (defensive: pidfds only become readable when it ends)
         link.readable()  # its last reply and its exit may arrive in the same poll
-        job = self.current(link)
-        pidfd = link.pidfd
-        if pidfd is not None and self.by_pidfd.get(pidfd) is link:
-            self.drop_link(link)
-        rd = self.layout.run_dir(link.job, link.attempt)
-        if job is not None and not job.final:
-            self.gone(job)
-        elif fallback.lock_is_free(rd):
-            shutil.rmtree(rd.path, ignore_errors=True)
-
-    # ---- results ---------------------------------------------------------------------------
-
-    def collect(self, job: Job, record: dict[str, Any]) -> None:
-        """Record what the supervisor reported (idempotent: a recorded result stands)."""
-        if job.final:
-            return
-        if record.get("state") == "aborted" or not record.get("launched", True):
-            self.requeue_or_cancel(job, record.get("reason") or "its supervisor gave up")
-            return
-        self.finalize(job, state=record["state"], exit_code=record.get("exit_code"),
-                      sig=record.get("signal"), reason=record.get("reason"),
-                      started_at=record.get("started_at"), ended_at=record.get("ended_at"))
-
-    def finalize(self, job: Job, *, state: str, exit_code: int | None, sig: int | None,
-                 reason: str | None, started_at: str | None = None,
-                 ended_at: str | None = None) -> None:
-        fields: dict[str, Any] = {"state": state, "exit_code": exit_code, "signal": sig,
-                                  "reason": reason, "ended_at": ended_at or rfc3339_now()}
-        if started_at and not job.started_at:
-            fields["started_at"] = started_at
-        job = self.db.update(job.id, **fields)
-        self.release(job)
-        log.info("job %d attempt %d %s: exit_code=%s signal=%s%s", job.id, job.attempt, state,
-                 exit_code, sig, f" ({reason})" if reason else "")
-        self.reattaching.discard(job.id)
-        self.job_ended(job)
-        self.schedule_due = True
-
-    def lose(self, job: Job, reason: str) -> None:
-        """No result will ever come: ``lost``, or ``cancelled`` if that was asked for."""
-        if job.cancel_requested:
-            self.finalize(job, state="cancelled", exit_code=None, sig=None,
-                          reason=f"cancelled; {reason}")
+        if self.live(link):
+            self.gone(link.job, link.attempt)
         else:
-            self.finalize(job, state="lost", exit_code=None, sig=None, reason=reason)
+            self.drop_link(link)
 
-    def release(self, job: Job) -> None:
-        if job.id in self.holding:
-            self.holding.discard(job.id)
-            self.ledger.release(job.allocation)
-
-    def requeue_or_cancel(self, job: Job, why: str) -> None:
-        """The attempt never ran: back to the queue, unless it was cancelled meanwhile."""
-        if job.cancel_requested:
-            self.finalize(job, state="cancelled", exit_code=None, sig=None,
-                          reason="cancelled before it started")
-            return
-        if job.attempt >= MAX_ATTEMPTS:
-            self.finalize(job, state="failed", exit_code=None, sig=None,
-                          reason=f"never started in {job.attempt} attempts; last: {why}")
-            return
-        self.release(job)
-        self.db.update(job.id, state="pending", cpus=[], gpus=[], pids=[],
-                       supervisor_pid=None, supervisor_ticks=None)
-        log.warning("job %d attempt %d never ran (%s): back to the queue", job.id, job.attempt,
-                    why)
-        self.reattaching.discard(job.id)
-        self.schedule_due = True
-
-    def gone(self, job: Job, note: str | None = None) -> None:
-        """The supervisor is gone: what is on disk decides (see fallback.py)."""
-        rd = self.layout.run_dir(job.id, job.attempt)
+    def gone(self, job_id: int, attempt: int, note: str | None = None) -> None:
+        """The supervisor may be gone: what is on disk decides (see fallback.py)."""
+        rd = self.layout.run_dir(job_id, attempt)
         if not fallback.lock_is_free(rd):
             # Someone still holds the run dir's lock: the supervisor is alive, whatever answered
             # (or failed to) on its socket. Never resolve a live step from its files.
             log.error("job %d: its supervisor still holds %s%s; keeping the job and asking "
-                      "again in %gs", job.id, rd.lock, f" ({note})" if note else "",
+                      "again in %gs", job_id, rd.lock, f" ({note})" if note else "",
                       RETRY_UNRESPONSIVE)
-            self.timers.at(time.monotonic() + RETRY_UNRESPONSIVE, lambda: self.refollow(job.id))
+            self.feed(job_id, attempt, lifecycle.LinkError(message=note or "lock held"))
             return
+        job = self.db.get_required(job_id)
         verdict = fallback.resolve(rd, job)
-        if verdict.kind == "never-ran" and job.state == "running":
-            # The claim was confirmed, so tasks did start: requeueing would run the job twice.
-            verdict = fallback.Verdict("lost", f"{verdict.reason}, but it was recorded as "
-                                               "running; it is not run again")
-        if verdict.kind == "result":
-            assert verdict.record is not None
-            self.collect(job, verdict.record)
-        elif verdict.kind == "never-ran":
-            self.requeue_or_cancel(job, verdict.reason)
-        else:
-            self.lose(job, verdict.reason + (f"; {note}" if note else ""))
-        shutil.rmtree(rd.path, ignore_errors=True)
+        if note and isinstance(verdict, lifecycle.Lost):
+            verdict = lifecycle.Lost(reason=f"{verdict.reason}; {note}", kill=verdict.kill)
+        self.feed(job_id, attempt, lifecycle.Gone(verdict=verdict))
 
-    def refollow(self, job_id: int) -> None:
-        """Connect to a job's supervisor again (after trouble), unless something else has."""
-        job = self.db.get(job_id)
-        if job is None or job.final or job.state not in ACTIVE or job_id in self.links:
-            return
-        rd = self.layout.run_dir(job.id, job.attempt)
-        if fallback.lock_is_free(rd):
-            self.gone(job)
-        else:
-            self.connect(job, rd, fresh=False)
+    # ---- results ---------------------------------------------------------------------------
+
+    def finalize(self, job_id: int, fin: lifecycle.Finalize) -> Job:
+        """Record a final state (durable before anyone is told)."""
+        job = self.db.get_required(job_id)
+        fields: dict[str, Any] = {"state": fin.state, "exit_code": fin.exit_code,
+                                  "signal": fin.signal, "reason": fin.reason,
+                                  "ended_at": fin.ended_at or rfc3339_now()}
+        if fin.started_at and not job.started_at:
+            fields["started_at"] = fin.started_at
+        job = self.db.update(job.id, **fields)
+        log.info("job %d attempt %d %s: exit_code=%s signal=%s%s", job.id, job.attempt,
+                 fin.state, fin.exit_code, fin.signal, f" ({fin.reason})" if fin.reason else "")
+        return job
+
+    def cancel_pending(self, job: Job) -> Job:
+        """A pending job holds nothing and has no machine: cancelled at once."""
+        job = self.finalize(job.id, lifecycle.Finalize(state="cancelled",
+                                                       reason="cancelled while pending"))
+        self.job_ended(job)
+        return job
+
+    def release(self, job_id: int) -> None:
+        alloc = self.allocations.pop(job_id, None)
+        if alloc is not None:
+            self.ledger.release(alloc)
+
+    def requeue(self, m: lifecycle.Machine, why: str) -> None:
+        """The attempt never ran: back to the queue (the machine decided it may)."""
+        self.db.update(m.job, state="pending", cpus=[], gpus=[], pids=[],
+                       supervisor_pid=None, supervisor_ticks=None)
+        log.warning("job %d attempt %d never ran (%s): back to the queue", m.job, m.attempt,
+                    why)
+        self.schedule_due = True
 
     # ---- reattach --------------------------------------------------------------------------
 
@@ -646,28 +685,27 @@ class Agent:
         log.info("reattach: %d active job(s), %d to probe", len(active), len(self.reattaching))
 
     def reattach_one(self, job: Job) -> None:
+        self.machines[job.id] = lifecycle.adopt(job.id, job.attempt,
+                                                running=job.state == "running",
+                                                cancel=job.cancel_requested)
+        self.reattaching.add(job.id)
         try:
             self.ledger.restore(job.allocation)
         except Conflict as exc:
             log.error("job %d: its allocation conflicts with this node's (%s); NOT adopting "
                       "it: marked lost, its supervisor (pid %s) is left alone", job.id, exc,
                       job.supervisor_pid)
-            self.lose(job, f"not adopted after an agent restart: allocation conflict: {exc}")
+            self.feed(job.id, job.attempt, lifecycle.Conflict(reason=str(exc)))
             return
-        self.holding.add(job.id)
+        self.allocations[job.id] = job.allocation
+        self.feed(job.id, job.attempt, lifecycle.Restored())
         rd = self.layout.run_dir(job.id, job.attempt)
         if not os.path.isdir(rd.path):
-            if job.state == "running":
-                self.lose(job, f"its run directory {rd.path} disappeared while it ran")
-            else:
-                self.requeue_or_cancel(job, "no run directory: it was never spawned, or its "
-                                            "supervisor gave up before launching")
-            return
-        if fallback.lock_is_free(rd):
-            self.gone(job)
-            return
-        self.reattaching.add(job.id)
-        self.connect(job, rd, fresh=False)
+            self.feed(job.id, job.attempt, lifecycle.NoRunDir(path=rd.path))
+        elif fallback.lock_is_free(rd):
+            self.gone(job.id, job.attempt)
+        else:
+            self.feed(job.id, job.attempt, lifecycle.LockHeld())
 
     def orphan(self, rd: RunDir) -> None:
         """A run directory of no active attempt: an unacknowledged result, or a leftover."""
@@ -679,7 +717,9 @@ class Agent:
             return
         if job is not None and job.final and job.attempt == rd.attempt:
             # C2 happened, C3 (ack) did not: acknowledge now.
-            self.ack(self.open_link(rd.job, rd.attempt, rd.agent_sock(), track=False))
+            machine, effects = lifecycle.orphan(rd.job, rd.attempt)
+            self.machines[rd.job] = machine
+            self.perform(machine, effects)
             return
         log.error("a live supervisor in %s serves no attempt this agent knows about; leaving "
                   "it alone", rd.path)

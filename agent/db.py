@@ -8,17 +8,45 @@ write commits before the caller replies to anyone or spawns anything.
 from __future__ import annotations
 
 import json
+import logging
+import os
 import sqlite3
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import tether
 from tether.agent.ledger import Allocation
+from tether.shared.errors import Unavailable
+
+#: SQLite's result codes for a full disk or database (sqlite3.h)
+_FULL_CODES = (13, 13 | (1 << 8))  # SQLITE_FULL; SQLITE_IOERR is 10, handled by message
+
+log = logging.getLogger("tether.agent")
 
 ACTIVE = ("starting", "running")
 FINAL = ("completed", "failed", "cancelled", "lost")
 STATES = ("pending", *ACTIVE, *FINAL)
 
-_SCHEMA = """
+# ---- schema versions ------------------------------------------------------------------------
+#
+# The schema's version lives in the database itself (``PRAGMA user_version``). ``MIGRATIONS`` is
+# ordered: migration N (1-based) turns a version N-1 database into version N, and
+# ``SCHEMA_VERSION`` is simply how many there are. A fresh database runs them all, in order.
+#
+# How to add a migration (say, a column):
+#   1. append a new ``Migration`` to MIGRATIONS, never edit or reorder an existing one (a node may
+#      be at any earlier version); its SQL must work on exactly the previous version's schema;
+#   2. give the new field a default in ``Job`` (and ``public()`` if the CLI shows it);
+#   3. bump ``tether.__version__`` and add a line to the release notes in docs/operations.md:
+#      an agent older than this schema refuses to start on it, so that release can no longer be
+#      rolled back to without restoring the backup taken before the migration;
+#   4. add the version to the refusal test in tests/test_schema.py if it matters.
+# Each migration and its user_version bump commit in one transaction, so a crash mid-way
+# leaves the database at the previous version, whole. Before migrating a database that already
+# holds jobs, the agent copies it to ``<db>.v<old version>`` (an operator's way back).
+
+_BASELINE = """
 CREATE TABLE IF NOT EXISTS jobs (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     name TEXT NOT NULL,
@@ -44,19 +72,53 @@ CREATE TABLE IF NOT EXISTS jobs (
     submitted_at TEXT NOT NULL,
     started_at TEXT,
     ended_at TEXT,
-    cancel_requested INTEGER NOT NULL DEFAULT 0,
-    pmi TEXT NOT NULL DEFAULT 'none',
-    user TEXT,
-    uid INTEGER,
-    gid INTEGER,
-    umask INTEGER
+    cancel_requested INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state, id);
 """
 
+#: Columns that builds before 0.1.0 added in place without a version (0.1.0's own database is
+#: unversioned too: ``user_version`` 0 with every one of them).
+_PRE_RELEASE_COLUMNS = {"pmi": "TEXT NOT NULL DEFAULT 'none'", "user": "TEXT",
+                        "uid": "INTEGER", "gid": "INTEGER"}
 
-_ADDED_COLUMNS = {"pmi": "TEXT NOT NULL DEFAULT 'none'", "user": "TEXT", "uid": "INTEGER",
-                  "gid": "INTEGER", "umask": "INTEGER"}
+
+def _baseline(conn: sqlite3.Connection) -> None:
+    """Version 1: the schema of release 0.1.0, from nothing or from any unversioned database."""
+    for stmt in _BASELINE.split(";"):
+        if stmt.strip():
+            conn.execute(stmt)
+    have = {row[1] for row in conn.execute("PRAGMA table_info(jobs)")}
+    for column, ddl in _PRE_RELEASE_COLUMNS.items():
+        if column not in have:
+            conn.execute(f"ALTER TABLE jobs ADD COLUMN {column} {ddl}")
+
+
+@dataclass(frozen=True)
+class Migration:
+    #: what it changes, for the log and the release notes
+    what: str
+    apply: Callable[[sqlite3.Connection], None]
+
+
+def sql(*statements: str) -> Callable[[sqlite3.Connection], None]:
+    """A migration made of plain SQL statements, run in order."""
+    def run(conn: sqlite3.Connection) -> None:
+        for stmt in statements:
+            conn.execute(stmt)
+    return run
+
+
+MIGRATIONS: list[Migration] = [
+    Migration("the jobs table of release 0.1.0", _baseline),
+    Migration("jobs keep the submitter's umask (issue 7)",
+              sql("ALTER TABLE jobs ADD COLUMN umask INTEGER")),
+]
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+class SchemaError(Exception):
+    """The database is of a schema this build does not know; nothing was changed."""
 
 
 @dataclass
@@ -127,30 +189,84 @@ def _row(row: sqlite3.Row) -> Job:
     return Job(**d)
 
 
+class StoreFull(Unavailable):
+    """The state directory has no room for a write: nothing was changed; try again later."""
+
+
+def _full(exc: sqlite3.Error) -> bool:
+    code = getattr(exc, "sqlite_errorcode", None)
+    return code in _FULL_CODES or "full" in str(exc)
+
+
 class Store:
     def __init__(self, path: str) -> None:
         self.conn = sqlite3.connect(path, isolation_level=None)
         self.conn.row_factory = sqlite3.Row
-        self.conn.execute("PRAGMA journal_mode=WAL")
-        self.conn.execute("PRAGMA synchronous=FULL")
-        self.conn.executescript(_SCHEMA)
-        self._migrate()
+        try:
+            # read before anything is written: a schema from a newer build is left untouched
+            found = self.version()
+            if found > SCHEMA_VERSION:
+                raise SchemaError(
+                    f"database {path} has schema version {found}, newer than this build's "
+                    f"{SCHEMA_VERSION} (tether {tether.__version__}); refusing to start (run "
+                    "the newer release, or restore the backup taken before it migrated)")
+            self.conn.execute("PRAGMA journal_mode=WAL")
+            self.conn.execute("PRAGMA synchronous=FULL")
+            self.migrate(path, found)
+        except BaseException:
+            self.conn.close()
+            raise
 
-    def _migrate(self) -> None:
-        """Columns added after the first release: an older database gains them in place."""
-        have = {row[1] for row in self.conn.execute("PRAGMA table_info(jobs)")}
-        for column, ddl in _ADDED_COLUMNS.items():
-            if column not in have:
-                self.conn.execute(f"ALTER TABLE jobs ADD COLUMN {column} {ddl}")
+    def version(self) -> int:
+        row = self.conn.execute("PRAGMA user_version").fetchone()
+        return int(row[0])
+
+    def migrate(self, path: str, found: int) -> None:
+        """Run every migration after ``found``, each in its own transaction."""
+        if found == SCHEMA_VERSION:
+            return
+        has_jobs = self.conn.execute(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'jobs'").fetchone()
+        if has_jobs:
+            backup = f"{path}.v{found}"
+            if not os.path.exists(backup):
+                dest = sqlite3.connect(backup)
+                try:
+                    self.conn.backup(dest)
+                finally:
+                    dest.close()
+                os.chmod(backup, 0o600)
+        for number in range(found + 1, SCHEMA_VERSION + 1):
+            step = MIGRATIONS[number - 1]
+            self.begin()
+            try:
+                step.apply(self.conn)
+                # PRAGMA does not take parameters; number is an int we computed
+                self.conn.execute(f"PRAGMA user_version = {number}")
+                self.commit()
+            except BaseException:
+                self.rollback()
+                raise
+            log.info("database %s: schema %d -> %d (%s)", path, number - 1, number, step.what)
 
     def close(self) -> None:
         self.conn.close()
 
+    def _exec(self, sql: str, params: tuple[Any, ...] = ()) -> sqlite3.Cursor:
+        """Execute one statement; a full disk becomes ``StoreFull`` (nothing was written)."""
+        try:
+            return self.conn.execute(sql, params)
+        except sqlite3.OperationalError as exc:
+            if _full(exc):
+                raise StoreFull("state directory full: cannot record anything until space "
+                                "is freed") from None
+            raise
+
     def begin(self) -> None:
-        self.conn.execute("BEGIN IMMEDIATE")
+        self._exec("BEGIN IMMEDIATE")
 
     def commit(self) -> None:
-        self.conn.execute("COMMIT")
+        self._exec("COMMIT")
 
     def rollback(self) -> None:
         if self.conn.in_transaction:
@@ -162,15 +278,14 @@ class Store:
                 fields[col] = json.dumps(fields[col])
         cols = ", ".join(fields)
         marks = ", ".join("?" for _ in fields)
-        cur = self.conn.execute(f"INSERT INTO jobs ({cols}) VALUES ({marks})",
-                                tuple(fields.values()))
+        cur = self._exec(f"INSERT INTO jobs ({cols}) VALUES ({marks})", tuple(fields.values()))
         job_id = cur.lastrowid
         assert job_id is not None
         return self.get_required(job_id)
 
     def last_id(self) -> int:
         """The highest id ever given (AUTOINCREMENT never reuses one)."""
-        row = self.conn.execute(
+        row = self._exec(
             "SELECT COALESCE((SELECT seq FROM sqlite_sequence WHERE name = 'jobs'), 0)"
         ).fetchone()
         return int(row[0])
@@ -180,7 +295,7 @@ class Store:
             if col in fields:
                 fields[col] = json.dumps(fields[col])
         sets = ", ".join(f"{k} = ?" for k in fields)
-        self.conn.execute(f"UPDATE jobs SET {sets} WHERE id = ?", (*fields.values(), job_id))
+        self._exec(f"UPDATE jobs SET {sets} WHERE id = ?", (*fields.values(), job_id))
         return self.get_required(job_id)
 
     def get(self, job_id: int) -> Job | None:

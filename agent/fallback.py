@@ -20,10 +20,10 @@ import fcntl
 import logging
 import os
 import signal
-from dataclasses import dataclass
 from typing import Any
 
 from tether.agent.db import Job
+from tether.agent.lifecycle import Lost, NeverRan, Result, Verdict
 from tether.shared import records
 from tether.shared.paths import RunDir
 from tether.shared.procid import ProcId, all_processes, boot_id, proc_stat
@@ -49,13 +49,6 @@ def lock_is_free(rd: RunDir) -> bool:
     return True
 
 
-@dataclass(frozen=True)
-class Verdict:
-    kind: str  # "result", "never-ran" or "lost"
-    reason: str = ""
-    record: dict[str, Any] | None = None
-
-
 def _load(path: str, reader: Any, rd: RunDir) -> tuple[dict[str, Any] | None, str]:
     try:
         rec = reader(path)
@@ -71,28 +64,50 @@ def _load(path: str, reader: Any, rd: RunDir) -> tuple[dict[str, Any] | None, st
     return rec, ""
 
 
+def verdict_of(record: Any, label: str) -> Verdict:
+    """What a supervisor's exit record (from ``wait``) says became of the attempt."""
+    try:
+        rec = records.check_sentinel(label, record)
+    except records.RecordError as exc:
+        log.error("%s", exc)
+        return Lost(reason=f"its supervisor reported an unusable exit record ({exc})")
+    return _from_sentinel(rec)
+
+
+def _from_sentinel(rec: dict[str, Any]) -> Verdict:
+    if not rec["launched"]:
+        return NeverRan(reason=rec.get("reason") or "aborted before launch")
+    return Result(state=rec["state"], exit_code=rec.get("exit_code"), signal=rec.get("signal"),
+                  reason=rec.get("reason"), started_at=rec.get("started_at"),
+                  ended_at=rec.get("ended_at"), core_dumped=bool(rec.get("core_dumped")))
+
+
 def resolve(rd: RunDir, job: Job) -> Verdict:
+    """The verdict of a run directory whose lock is free. Reads only; kills nothing."""
     sentinel, bad_sentinel = _load(rd.sentinel, records.read_sentinel, rd)
     if sentinel is not None:
-        if not sentinel["launched"]:
-            return Verdict("never-ran", sentinel.get("reason") or "aborted before launch")
-        return Verdict("result", record=sentinel)
+        return _from_sentinel(sentinel)
     manifest, bad_manifest = _load(rd.manifest, records.read_manifest, rd)
     if manifest is None or manifest["phase"] == "ready":
         if bad_manifest:
             # We cannot tell whether tasks started; "never ran" could run the job twice.
-            return Verdict("lost", f"its supervisor is gone and its manifest is unusable "
-                                   f"({bad_manifest})")
-        return Verdict("never-ran", "its supervisor is gone and never launched the tasks")
-    killed = kill_step(manifest)
+            return Lost(reason=f"its supervisor is gone and its manifest is unusable "
+                               f"({bad_manifest})")
+        return NeverRan(reason="its supervisor is gone and never launched the tasks")
     sup = manifest["supervisor"]
     reason = (f"supervisor (pid {sup.get('pid')}) died while the job was "
               f"{manifest['phase']} and left no exit record")
     if bad_sentinel:
         reason += f" (unusable exit record: {bad_sentinel})"
-    if killed:
-        reason += f"; killed {killed} leftover task process(es)"
-    return Verdict("lost", reason)
+    return Lost(reason=reason)
+
+
+def kill_leftovers(rd: RunDir, job: Job | None) -> int:
+    """Effect ``Kill``: SIGKILL what is left of a lost step, found through its manifest."""
+    manifest, _ = _load(rd.manifest, records.read_manifest, rd)
+    if manifest is None:
+        return 0
+    return kill_step(manifest)
 
 
 def kill_step(manifest: dict[str, Any]) -> int:

@@ -66,6 +66,12 @@ class Busy(TetherError):
     code = "busy"
 
 
+class Unavailable(TetherError):
+    """The node cannot do it now (for instance its state directory is full); try later."""
+
+    code = "unavailable"
+
+
 class RemoteError(TetherError):
     """An error reply received from a peer, re-raised on the client side."""
 
@@ -93,5 +99,6 @@ ERROR_CODES = {
         ResourceError,
         LaunchError,
         Busy,
+        Unavailable,
     )
 }

@@ -148,10 +148,20 @@ SENTINEL_STATES = ("completed", "failed", "cancelled", "aborted")
 
 
 def read_sentinel(path: str) -> dict[str, Any]:
-    rec = read_json(path)
+    return check_sentinel(path, read_json(path))
+
+
+def check_sentinel(path: str, rec: Any) -> dict[str, Any]:
+    """An exit record, from a file or a reply; ``path`` names where it came from."""
+    if not isinstance(rec, dict):
+        raise RecordError(f"{path}: not an object")
     _need(path, rec, {"job": int, "attempt": int, "state": str, "launched": bool})
     if rec["state"] not in SENTINEL_STATES:
         raise RecordError(f"{path}: unknown state {rec['state']!r}")
+    if (rec["state"] == "aborted") == rec["launched"]:
+        # Only an aborted step launched nothing; anything else claiming otherwise is forged or
+        # broken, and taking it at its word could run the job twice.
+        raise RecordError(f"{path}: state {rec['state']!r} with launched={rec['launched']}")
     for name in ("exit_code", "signal"):
         value = rec.get(name)
         if value is not None and (not isinstance(value, int) or isinstance(value, bool)):

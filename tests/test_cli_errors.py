@@ -62,7 +62,7 @@ CASES = [
      "does not exist"),
     (["submit", "--output", "/nonexistent/tether/dir/out", "--", "true"], ERROR,
      "does not exist"),
-    (["frobnicate"], USAGE, "invalid choice"),
+    (["frobnicate"], USAGE, "is not a command"),
     (["status", "--bogus"], USAGE, "unrecognized arguments"),
     (["wait", "1", "--timeout", "-3"], USAGE, "seconds"),
 ]

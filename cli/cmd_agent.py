@@ -1,0 +1,34 @@
+"""``agent``: run the node agent in the foreground."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import socket
+import sys
+
+from tether.cli.errors import CliError
+
+
+def agent(state_dir: str, ns: argparse.Namespace) -> int:
+    from tether.agent.daemon import Agent, AgentConfig, AgentError, allowed_cpus, memory_mb
+    from tether.agent.db import SchemaError
+    from tether.shared.paths import PathTooLong
+
+    logging.basicConfig(level=ns.log_level, stream=sys.stderr,
+                        format="%(asctime)s agent[%(process)d] %(levelname)s %(message)s")
+    cfg = AgentConfig(
+        state_dir=os.path.abspath(state_dir),
+        cpu_ids=list(range(ns.cpus)) if ns.cpus else allowed_cpus(),
+        gpus=ns.gpus, memory_mb=memory_mb() if ns.memory_mb is None else ns.memory_mb,
+        node=ns.node or socket.gethostname(), cancel_grace=ns.cancel_grace,
+        claim_timeout=ns.claim_timeout, linger=ns.linger,
+        faults=frozenset(f for f in os.environ.get("TETHER_AGENT_FAULT", "").split(",") if f),
+    )
+    try:
+        return Agent(cfg).run()
+    except (AgentError, PathTooLong, SchemaError) as exc:
+        raise CliError(str(exc)) from None
+    except OSError as exc:
+        raise CliError(f"agent: {exc}") from None

@@ -1,0 +1,39 @@
+"""``status`` (the agent and what it holds) and ``show`` (one job)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from tether.cli.connect import agent_call
+from tether.cli.errors import EXIT_ERROR, CliError
+from tether.cli.format import print_job
+from tether.shared.paths import Layout
+
+
+def status(layout: Layout, ns: argparse.Namespace) -> int:
+    try:
+        st = agent_call(layout, "status", timeout=5.0)
+    except CliError as exc:
+        if ns.json:
+            print(json.dumps({"running": False, "error": str(exc)}))
+        print(f"tether: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    if ns.json:
+        print(json.dumps(st))
+        return 0
+    print(f"agent on node {st['node']} (version {st['version']}, pid {st['pid']})")
+    for res in ("cpus", "gpus", "memory_mb"):
+        print(f"  {res:<10} {st[res]['allocated']}/{st[res]['total']} allocated")
+    print("  jobs       " + ", ".join(f"{k} {v}" for k, v in st["jobs"].items() if v))
+    return 0
+
+
+def show(layout: Layout, ns: argparse.Namespace) -> int:
+    job = agent_call(layout, "show", {"job": ns.job})
+    if ns.json:
+        print(json.dumps(job))
+    else:
+        print_job(job)
+    return 0

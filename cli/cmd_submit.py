@@ -1,0 +1,81 @@
+"""``submit`` and ``wait``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+from tether.cli.connect import agent_call
+from tether.cli.errors import EXIT_TIMEOUT, EXIT_USAGE, CliError
+from tether.cli.format import exit_status
+from tether.shared.paths import Layout
+
+#: The PATH of a job submitted for another user (``--user``): nothing of the submitter's.
+USER_PATH = "/usr/local/bin:/usr/bin:/bin"
+
+
+def current_umask() -> int:
+    mask = os.umask(0o022)  # the only way to read it is to set it; put it back at once
+    os.umask(mask)
+    return mask
+
+
+def submit(layout: Layout, ns: argparse.Namespace) -> int:
+    command = list(ns.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        raise CliError("submit: missing the command to run (tether submit [OPTIONS] -- CMD)",
+                       EXIT_USAGE)
+    # The submitter's environment, as sbatch's default --export=ALL: the agent adds none of its
+    # own. For another user (root's --user) nothing of root's shell goes along: a plain PATH
+    # and --env only.
+    env = {"PATH": USER_PATH} if ns.user is not None else dict(os.environ)
+    env.update(dict(ns.env))
+    workdir = os.path.abspath(ns.workdir or os.getcwd())
+    args = {"command": command, "cpus": ns.cpus, "gpus": ns.gpus, "memory_mb": ns.memory_mb,
+            "ntasks": ns.ntasks, "workdir": workdir, "env": env, "pmi": ns.pmi,
+            "umask": current_umask()}
+    for key in ("name", "output", "error", "user"):
+        if getattr(ns, key) is not None:
+            args[key] = getattr(ns, key)
+    job = agent_call(layout, "submit", args)
+    if ns.json and not ns.wait:
+        print(json.dumps(job))
+    else:
+        print(job["id"], flush=True)
+    if ns.wait:
+        return wait_for(layout, job["id"], None, as_json=ns.json)
+    return 0
+
+
+def wait_for(layout: Layout, job: int, timeout: float | None, as_json: bool = False) -> int:
+    deadline = None if timeout is None else time.monotonic() + timeout
+    warned = False
+    while True:
+        left = 30.0 if deadline is None else deadline - time.monotonic()
+        if left <= 0:
+            print(f"tether: job {job} did not end within {timeout:g}s", file=sys.stderr)
+            return EXIT_TIMEOUT
+        hold = max(0.0, min(left, 30.0))
+        try:
+            res = agent_call(layout, "wait", {"job": job, "hold": hold}, timeout=hold + 10.0)
+        except CliError as exc:
+            # The agent may be restarting: keep waiting (the job does not depend on it).
+            if not warned:
+                print(f"tether: {exc}; still waiting", file=sys.stderr)
+                warned = True
+            time.sleep(min(0.2, max(0.0, left)))
+            continue
+        if res.get("done"):
+            if as_json:
+                print(json.dumps(res["job"]))
+            return exit_status(res["job"])
+
+
+def wait(layout: Layout, ns: argparse.Namespace) -> int:
+    agent_call(layout, "show", {"job": ns.job})  # an unknown job is an error, not a wait
+    return wait_for(layout, ns.job, ns.timeout)

@@ -1,0 +1,246 @@
+"""The argument tree of ``tether``: every verb, option, unit and default, in one place.
+
+Built on every run, so it imports nothing beyond argparse and the converters: each verb's own
+imports happen only when that verb runs (``main.VERBS``). One ``add_<verb>`` function per verb so
+that options added later land in separate hunks. ``allow_abbrev=False`` everywhere: an option
+prefix is an error, never silently another option (``--state`` is not ``--state-dir``), so that
+adding an option can never change what an existing command line means.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import re
+from typing import Any, NoReturn
+
+from tether.cli.argtypes import env_pair, job_id, non_negative, positive, seconds
+from tether.cli.errors import EXIT_USAGE, CliError
+
+STATE_DIR_HELP = ("the agent's state directory (default: $TETHER_STATE_DIR, else /var/lib/tether "
+                  "for root, else $XDG_STATE_HOME/tether or ~/.local/state/tether)")
+
+EXIT_CODES = """exit codes:
+  0    success
+  1    an error: no agent answering, unknown job, request refused (one line on stderr)
+  2    bad usage
+  124  wait --timeout ran out
+  130  interrupted (Ctrl-C)
+  wait and submit --wait exit with the job's own exit code, 128+N if signal N killed it"""
+
+
+class Parser(argparse.ArgumentParser):
+    """Errors as one CliError line (with a suggestion for a near miss); never abbreviations."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> NoReturn:
+        raise CliError(f"{self.prog}: {self.explain(message)}", EXIT_USAGE)
+
+    def explain(self, message: str) -> str:
+        """argparse's message, with a suggestion when the mistake is close to a real name."""
+        m = re.match(r"argument (\S+): invalid choice: '([^']*)' \(choose from (.*)\)$", message)
+        if m:
+            what, given = m.group(1), m.group(2)
+            choices = re.findall(r"'([^']*)'", m.group(3))
+            hint = suggest(given, choices)
+            if what == "COMMAND":
+                return f"'{given}' is not a command{hint} ('{self.prog} --help' lists them)"
+            return f"argument {what}: invalid choice '{given}'{hint} (choose from " \
+                   f"{', '.join(choices)})"
+        return message
+
+    def parse(self, args: list[str]) -> argparse.Namespace:
+        """As parse_args, but an unknown option is reported by the subcommand it was given to,
+        with a suggestion from that subcommand's own options."""
+        ns, extras = self.parse_known_args(args)
+        if extras:
+            owner = self
+            for action in self._actions:
+                if isinstance(action, argparse._SubParsersAction) and getattr(ns, "cmd", None):
+                    owner = action.choices[ns.cmd]
+            hint = ""
+            if extras[0].startswith("--"):
+                names = [o for a in owner._actions for o in a.option_strings]
+                hint = suggest(extras[0].partition("=")[0], names)
+            owner.error(f"unrecognized arguments: {' '.join(extras)}{hint}")
+        return ns
+
+
+def suggest(given: str, names: list[str]) -> str:
+    close = difflib.get_close_matches(given, sorted(set(names)), n=1, cutoff=0.6)
+    return f"; did you mean '{close[0]}'?" if close else ""
+
+
+def verb(sub: Any, name: str, help: str, description: str = "", usage: str | None = None,
+         epilog: str | None = None) -> Parser:
+    """A subcommand with the shared ``--state-dir`` (accepted after the verb too)."""
+    sp: Parser = sub.add_parser(name, prog=f"tether {name}", help=help, usage=usage,
+                                description=description or help[:1].upper() + help[1:] + ".",
+                                epilog=epilog)
+    # SUPPRESS: absent here means "keep what came before the verb", not "set to None".
+    sp.add_argument("--state-dir", metavar="DIR", default=argparse.SUPPRESS, help=STATE_DIR_HELP)
+    return sp
+
+
+def add_json(sp: Parser, what: str) -> None:
+    sp.add_argument("--json", action="store_true", help=f"print {what} as JSON")
+
+
+def build_parser() -> Parser:
+    from tether import __version__
+
+    p = Parser(prog="tether", usage="tether [-V] [--state-dir DIR] COMMAND [OPTIONS] ...",
+               description="Run jobs on this node, each step under its own long-lived supervisor.",
+               epilog=EXIT_CODES + "\n\n'tether COMMAND --help' describes each command.")
+    p.add_argument("-V", "--version", action="version", version=f"tether {__version__}",
+                   help="print the version and exit")
+    p.add_argument("--state-dir", metavar="DIR", help=STATE_DIR_HELP)
+    sub = p.add_subparsers(dest="cmd", metavar="COMMAND", parser_class=Parser, title="commands")
+    for add in (add_agent, add_status, add_submit, add_list, add_show, add_wait, add_cancel,
+                add_inspect, add_attach, add_signal):
+        add(sub)
+    return p
+
+
+def add_agent(sub: Any) -> None:
+    a = verb(sub, "agent", "run the node agent in the foreground",
+             "Run the node agent in the foreground. SIGTERM, SIGINT or SIGHUP stop it and leave "
+             "every job running; a restarted agent takes them back.")
+    a.add_argument("--cpus", type=positive, metavar="N",
+                   help="model a node with CPU ids 0..N-1 (default: the CPUs this process may "
+                   "run on)")
+    a.add_argument("--gpus", type=non_negative, default=0, metavar="N",
+                   help="GPUs to hand out, ids 0..N-1 (default 0)")
+    a.add_argument("--memory-mb", type=non_negative, metavar="MB",
+                   help="memory to hand out, in MiB (default: MemTotal of /proc/meminfo)")
+    a.add_argument("--node", metavar="NAME", help="node name (default: the host name)")
+    a.add_argument("--cancel-grace", type=seconds, default=10.0, metavar="SECONDS",
+                   help="time between SIGTERM and SIGKILL when a job is cancelled (default 10)")
+    a.add_argument("--claim-timeout", type=seconds, default=120.0, metavar="SECONDS",
+                   help="how long a new supervisor waits for the agent to claim it before it "
+                   "gives up (default 120)")
+    a.add_argument("--linger", type=seconds, default=3600.0, metavar="SECONDS",
+                   help="how long a supervisor keeps a result nobody acknowledged (default 3600)")
+    a.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+                   help="log to stderr from this level on (default INFO)")
+
+
+def add_status(sub: Any) -> None:
+    s = verb(sub, "status", "is the agent answering; what does it hold",
+             "Ask the agent for its node, version, allocated resources and job counts. Exit 1 "
+             "if no agent answers (with --json, {\"running\": false, \"error\": ...} on stdout "
+             "too).")
+    add_json(s, "the agent's status")
+
+
+OUTPUT_HELP = """output file names (--output, --error; relative to --workdir):
+  %j  the job id
+  The files are truncated when the job starts. Default: tether-%j.out in the working
+  directory for both streams."""
+
+
+def add_submit(sub: Any) -> None:
+    s = verb(sub, "submit", "queue a job",
+             "Queue a job: NTASKS copies of COMMAND, each with its own CPUs. Prints the job id.",
+             usage="tether submit [OPTIONS] -- COMMAND [ARG...]",
+             epilog=OUTPUT_HELP + "\n\nexamples:\n  tether submit --cpus 2 -- ./prog --in data\n"
+             "  tether submit --ntasks 4 --pmi pmi1 --wait -- ./mpi_prog")
+    s.add_argument("--cpus", type=positive, default=1, metavar="N",
+                   help="CPUs per task (Slurm's --cpus-per-task): the job takes NTASKS x N "
+                   "(default 1)")
+    s.add_argument("--gpus", type=non_negative, default=0, metavar="N",
+                   help="GPUs for the whole job (default 0)")
+    s.add_argument("--memory-mb", type=non_negative, default=0, metavar="MB",
+                   help="memory for the whole job, in MiB, counted against the node's (default 0)")
+    s.add_argument("--ntasks", type=positive, default=1, metavar="N",
+                   help="tasks (ranks) to start, at most 1024 (default 1)")
+    s.add_argument("--name", metavar="NAME",
+                   help="job name, up to 256 characters (default: the command's base name)")
+    s.add_argument("--output", metavar="PATH",
+                   help="file for the tasks' stdout; tokens below (default tether-%%j.out)")
+    s.add_argument("--error", metavar="PATH",
+                   help="file for the tasks' stderr; tokens below (default: the --output file)")
+    s.add_argument("--workdir", metavar="DIR",
+                   help="directory the tasks start in (default: the current directory)")
+    s.add_argument("--env", type=env_pair, action="append", default=[], metavar="KEY=VALUE",
+                   help="set a variable on top of your environment (repeatable)")
+    s.add_argument("--user", metavar="NAME",
+                   help="run the tasks as this user (an agent running as root only)")
+    s.add_argument("--pmi", choices=["none", "pmi1", "pmi2"], default="none",
+                   help="serve PMI to the ranks from the step's supervisor, for MPI programs "
+                   "(default none)")
+    s.add_argument("--wait", action="store_true",
+                   help="print the id, wait for the end and exit as 'tether wait' does")
+    add_json(s, "the job object (with --wait: the final one)")
+    s.add_argument("command", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+
+
+def add_list(sub: Any) -> None:
+    s = verb(sub, "list", "list jobs, oldest first")
+    add_json(s, "an array of job objects")
+
+
+def add_show(sub: Any) -> None:
+    s = verb(sub, "show", "show one job")
+    s.add_argument("job", type=job_id, metavar="JOB", help="job id")
+    add_json(s, "the job object")
+
+
+def add_wait(sub: Any) -> None:
+    s = verb(sub, "wait", "wait for a job; exit with its exit code",
+             "Wait for a job to end and exit with its exit code: 128+N if signal N killed it, "
+             "1 if it ended without a code, 124 if --timeout ran out. Waiting goes on through "
+             "agent restarts.")
+    s.add_argument("job", type=job_id, metavar="JOB", help="job id")
+    s.add_argument("--timeout", type=seconds, metavar="SECONDS",
+                   help="stop waiting after this long and exit 124 (default: no limit)")
+
+
+def add_cancel(sub: Any) -> None:
+    s = verb(sub, "cancel", "cancel a job",
+             "Cancel a job: SIGTERM to every task, SIGKILL after the agent's --cancel-grace. "
+             "A pending job is simply cancelled.")
+    s.add_argument("job", type=job_id, metavar="JOB", help="job id")
+
+
+def add_inspect(sub: Any) -> None:
+    s = verb(sub, "inspect", "ask the job's supervisor directly (works while the agent is down)",
+             "Ask the job's supervisor directly, so it works while the agent is down. Plain: the "
+             "step's state, and the job's details when you may see them (its owner, root, the "
+             "agent's user).")
+    s.add_argument("job", type=job_id, metavar="JOB", help="job id")
+    what = s.add_mutually_exclusive_group()
+    what.add_argument("--pmi", action="store_true", help="the step's PMI state")
+    what.add_argument("--pids", action="store_true",
+                      help="every task and every other process of the step")
+    what.add_argument("--stats", action="store_true",
+                      help="CPU seconds, current and peak memory (KiB), elapsed seconds")
+    what.add_argument("--output", action="store_true",
+                      help="the last lines of the step's stdout (to stdout) and stderr (to "
+                      "stderr)")
+    what.add_argument("--events", action="store_true",
+                      help="the step's events so far (tasks started and exited, step ended)")
+    s.add_argument("--lines", type=non_negative, metavar="N",
+                   help="with --output: how many lines of each (default 10)")
+    add_json(s, "the supervisor's reply")
+
+
+def add_attach(sub: Any) -> None:
+    s = verb(sub, "attach", "follow the step's output until it ends (Ctrl-C detaches)",
+             "Print what the step has written so far, then follow it until the step ends, each "
+             "byte once. Ctrl-C detaches; the job keeps running.")
+    s.add_argument("job", type=job_id, metavar="JOB", help="job id")
+
+
+def add_signal(sub: Any) -> None:
+    s = verb(sub, "signal", "send a signal to the step's tasks",
+             "Send a signal to the process group of every live task of the step, or of one.")
+    s.add_argument("job", type=job_id, metavar="JOB", help="job id")
+    s.add_argument("signal", metavar="SIGNAL",
+                   help="a name with or without SIG, any case (TERM, sigusr1, RTMIN+1) or a number")
+    s.add_argument("--rank", type=non_negative, metavar="R",
+                   help="only this task (default: every task)")

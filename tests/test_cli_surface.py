@@ -1,0 +1,124 @@
+"""The command line's own surface, without an agent: version, usage, suggestions, help text.
+
+Issue 13, frictions 1 (no version, no "did you mean"), 2 (option prefixes accepted silently)
+and 3 (thin help, internal metavars, no ``--`` in usage).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import subprocess
+import sys
+
+import pytest
+
+import tether
+from tests.helpers import CLI
+from tether.cli.parser import build_parser
+
+USAGE = 2
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    # a state dir nobody serves: nothing here may need an agent
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=30,
+                          env={"PATH": "/usr/bin:/bin", "TETHER_STATE_DIR": "/nonexistent/tt"})
+
+
+def one_line(res: subprocess.CompletedProcess[str]) -> str:
+    err = res.stderr.rstrip("\n")
+    assert err and "\n" not in err and "Traceback" not in err, err
+    return err
+
+
+@pytest.mark.parametrize("flag", ["--version", "-V"])
+def test_version(flag: str) -> None:
+    res = cli(flag)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout == f"tether {tether.__version__}\n"
+
+
+def test_bare_tether_prints_usage_and_exits_2() -> None:
+    res = cli()
+    assert res.returncode == USAGE
+    assert res.stderr.startswith("usage: tether")
+    assert "submit" in res.stderr and "--version" in res.stderr
+
+
+@pytest.mark.parametrize("typo, meant", [("sumbit", "submit"), ("lsit", "list"),
+                                         ("cancle", "cancel"), ("stauts", "status")])
+def test_mistyped_command_suggests_the_real_one(typo: str, meant: str) -> None:
+    res = cli(typo)
+    assert res.returncode == USAGE
+    assert f"did you mean '{meant}'?" in one_line(res)
+
+
+def test_unknown_option_suggests_a_close_one_of_that_command() -> None:
+    res = cli("submit", "--cpu", "2", "--", "true")
+    assert res.returncode == USAGE
+    err = one_line(res)
+    assert err.startswith("tether submit:") and "did you mean '--cpus'?" in err
+
+
+@pytest.mark.parametrize("argv, prefix", [
+    (["submit", "--cpu", "2", "--", "true"], "--cpu"),
+    (["submit", "--mem", "5", "--", "true"], "--mem"),
+    (["list", "--state-d", "/tmp"], "--state-d"),
+    (["--state", "/tmp", "status"], "/tmp"),
+    (["wait", "1", "--time", "3"], "--time"),
+])
+def test_option_prefixes_are_refused(argv: list[str], prefix: str) -> None:
+    """An abbreviation is an error, never silently another option (friction 2)."""
+    res = cli(*argv)
+    assert res.returncode == USAGE, res.stderr
+    assert prefix in one_line(res)
+
+
+def every_parser() -> list[tuple[str, argparse.ArgumentParser]]:
+    top = build_parser()
+    found: list[tuple[str, argparse.ArgumentParser]] = [("tether", top)]
+    for action in top._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            found += [(f"tether {name}", sp) for name, sp in action.choices.items()]
+    return found
+
+
+def test_every_parser_refuses_abbreviations() -> None:
+    for name, parser in every_parser():
+        assert parser.allow_abbrev is False, name
+
+
+def test_every_option_and_argument_has_help() -> None:
+    for name, parser in every_parser():
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction) or action.dest == "command":
+                continue
+            assert action.help, f"{name}: {action.option_strings or action.dest} has no help"
+
+
+@pytest.mark.parametrize("verb", [name.split()[-1] for name, _ in every_parser()[1:]])
+def test_help_shows_no_internal_names(verb: str) -> None:
+    res = cli(verb, "--help")
+    assert res.returncode == 0, res.stderr
+    assert not re.search(r"\b[A-Z]+_[A-Z_]+\b(?<!KEY=VALUE)", res.stdout.replace(
+        "TETHER_STATE_DIR", "").replace("XDG_STATE_HOME", "")), res.stdout
+    assert "SUB_STATE_DIR" not in res.stdout
+
+
+def test_submit_help_shows_the_separator_units_and_tokens() -> None:
+    out = cli("submit", "--help").stdout
+    assert "usage: tether submit [OPTIONS] -- COMMAND [ARG...]" in out
+    assert "MiB" in out and "%j" in out and "(default 1)" in out
+
+
+def test_help_needs_no_zeromq() -> None:
+    """Parsing and help stay cheap: the verbs' imports happen only when a verb runs."""
+    code = ("import sys; from tether.cli.main import main\n"
+            "try:\n    main(['submit', '--help'])\nexcept SystemExit:\n    pass\n"
+            "print(sorted(m for m in sys.modules if m == 'zmq' or m.startswith('tether.cli.cmd')"
+            " or m == 'tether.shared.client'))")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=30)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip().splitlines()[-1] == "[]"
