@@ -132,6 +132,8 @@ class Door:
         self.in_by_uid: dict[int, int] = {}
         self.buckets: dict[int, tuple[float, float]] = {}  # uid -> (tokens, when)
         self.ready: set[Conn] = set()
+        #: connections waiting for their uid's bucket to refill
+        self.throttled: set[Conn] = set()
         self.throttle_timer: Timer | None = None
         self.last_refusal_log = -1e9
         self.log_bucket = (LOG_BURST, time.monotonic())
@@ -162,9 +164,12 @@ class Door:
                 conn = self.conns.get(fd)
                 if conn is None:
                     continue
+                if events & _ERR and not events & _IN:
+                    self._drop(conn)  # the peer is gone: nobody left to answer
+                    continue
                 if events & _OUT:
                     self._flush(conn)
-                if events & (_IN | _ERR) and not conn.closed:
+                if events & _IN and not conn.closed:
                     self._read(conn)
         while self.ready:
             conn = self.ready.pop()
@@ -282,6 +287,7 @@ class Door:
             self.ep.unregister(conn.fd)
         conn.sock.close()
         self.ready.discard(conn)
+        self.throttled.discard(conn)
         if self.on_close is not None:
             self.on_close(conn)
         self._wake_uid(conn.uid)
@@ -345,7 +351,9 @@ class Door:
                     self._drop(conn)
                 return
             if not self._spend(conn):
-                return  # the refill timer puts the connection back on the ready list
+                self.throttled.add(conn)  # the refill timer puts it back on the ready list
+                self._arm(conn)
+                return
             before = conn.deframer.buffered
             payload = conn.deframer.next()
             assert payload is not None
@@ -407,10 +415,10 @@ class Door:
 
     def _unthrottle(self) -> None:
         self.throttle_timer = None
-        for conns in self.by_uid.values():
-            for conn in conns:
-                if conn.deframer.buffered:
-                    self.ready.add(conn)
+        waiting, self.throttled = self.throttled, set()
+        for conn in waiting:
+            if not conn.closed:
+                self.ready.add(conn)
         self._kick()
 
     # ---- writing ---------------------------------------------------------------------------
@@ -451,7 +459,8 @@ class Door:
         if conn.closed:
             return
         mask = _OUT if conn.out else 0
-        if self._may_take(conn) and self.in_by_uid.get(conn.uid, 0) <= self.limits.in_per_uid:
+        if (self._may_take(conn) and conn not in self.throttled
+                and self.in_by_uid.get(conn.uid, 0) <= self.limits.in_per_uid):
             if conn.deframer.wanted() > 0 or not conn.deframer.buffered:
                 mask |= _IN
             else:  # a whole frame is waiting: take it in service(), without a read
@@ -464,7 +473,7 @@ class Door:
     def _wake_uid(self, uid: int) -> None:
         """A budget of ``uid`` shrank: its paused connections may go on."""
         for conn in self.by_uid.get(uid, ()):
-            if not conn.mask & _IN and self._may_take(conn):
+            if not conn.mask & _IN and self._may_take(conn) and conn not in self.throttled:
                 self.ready.add(conn)
         if self.ready:
             self._kick()

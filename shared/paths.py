@@ -136,13 +136,18 @@ class Layout:
         return sorted(found, key=lambda r: (r.job, r.attempt))
 
 
+#: The node's agent (root's), which every local user submits to.
+SYSTEM_STATE_DIR = "/var/lib/tether"
+
+
 def default_state_dir() -> str:
-    """``TETHER_STATE_DIR``, else /var/lib/tether for root, else the XDG state directory."""
+    """``TETHER_STATE_DIR``, else /var/lib/tether for root and for every user when the node's
+    agent serves there, else the user's XDG state directory (an agent of her own)."""
     env = os.environ.get("TETHER_STATE_DIR")
     if env:
         return env
-    if os.geteuid() == 0:
-        return "/var/lib/tether"
+    if os.geteuid() == 0 or os.path.exists(os.path.join(SYSTEM_STATE_DIR, "agent.sock")):
+        return SYSTEM_STATE_DIR
     xdg = os.environ.get("XDG_STATE_HOME")
     base = xdg if xdg else os.path.join(os.path.expanduser("~"), ".local", "state")
     return os.path.join(base, "tether")

@@ -299,6 +299,7 @@ def test_attack5_unread_replies_do_not_grow_a_supervisor(node: Node, two: list[U
     attacker = start_attack(bob, "unread", door, str(50 << 20), "8", "5", "3")
     try:
         assert attacker.stdout is not None
+        assert attacker.stdout.readline() == "connected\n"
         line = attacker.stdout.readline()
         assert line.startswith("sent"), line
         grown = (rss_kb(sup) - before) // 1024
