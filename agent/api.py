@@ -20,7 +20,7 @@ import msgpack
 
 import tether
 from tether.agent import users
-from tether.agent.db import ACTIVE, FINAL
+from tether.agent.db import ACTIVE, FINAL, SCHEMA_VERSION
 from tether.agent.ledger import Request as ResourceRequest
 from tether.shared import protocol
 from tether.shared.door import Conn
@@ -64,6 +64,7 @@ def hello(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
 def status(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
     check_known(req.args, req.kind, ())
     out: dict[str, Any] = {"node": agent.cfg.node, "version": tether.__version__,
+                           "protocol": protocol.PROTOCOL_VERSION, "schema": SCHEMA_VERSION,
                            "pid": os.getpid(), "state_dir": agent.cfg.state_dir}
     out.update(agent.ledger.usage())
     out["jobs"] = agent.db.counts()
@@ -258,4 +259,5 @@ def dispatch(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
     handler = HANDLERS.get(req.kind)
     if handler is None:
         raise UnknownKind(f"unknown request kind {req.kind!r}")
+    protocol.check_kind_version(req)
     return handler(agent, peer, req)

@@ -36,6 +36,7 @@ from typing import Any
 
 import zmq
 
+import tether
 import tether.shared.records
 from tether.agent import api, fallback, lifecycle, statedir, users
 from tether.agent.db import ACTIVE, Job, Store, StoreFull
@@ -464,7 +465,7 @@ class Agent:
             if link is not None:
                 self.drop_link(link)
             link = self.open_link(m.job, m.attempt, rd.agent_sock())
-        self.hello(link, rd, timeout=CLAIM_TIMEOUT if fresh else HELLO_TIMEOUT)
+        self.hello(link, rd, timeout=CLAIM_TIMEOUT if fresh else HELLO_TIMEOUT, fresh=fresh)
         return link
 
     def drop_link(self, link: Link) -> None:
@@ -484,7 +485,7 @@ class Agent:
         m = self.machines.get(link.job)
         return self.links.get(link.job) is link and m is not None and m.attempt == link.attempt
 
-    def hello(self, link: Link, rd: RunDir, timeout: float) -> None:
+    def hello(self, link: Link, rd: RunDir, timeout: float, fresh: bool = False) -> None:
         def ok(res: Any) -> None:
             if not self.live(link):
                 return
@@ -492,7 +493,9 @@ class Agent:
             if why is None and link.peer_uid not in (-1, 0, os.getuid()):
                 why = f"it runs as uid {link.peer_uid}, not as the agent or root"
             if why is None and res.get("protocol") not in protocol.SUPPORTED_VERSIONS:
-                why = f"it answered in protocol version {res.get('protocol')!r}"
+                why = (f"it answered as tether {res.get('version')!r} in protocol "
+                       f"{res.get('protocol')!r}; this agent is {tether.__version__} and speaks "
+                       f"{sorted(protocol.SUPPORTED_VERSIONS)}")
             if why is not None:
                 log.error("job %d: refusing the process serving %s: %s", link.job, link.path,
                           why)
@@ -500,6 +503,13 @@ class Agent:
                 self.gone(link.job, link.attempt,
                           note=f"its socket was served by an impostor ({why})")
                 return
+            link.protocol, link.release = res["protocol"], str(res.get("version", "?"))
+            if fresh and link.release != tether.__version__:
+                # The installed tether changed under this agent: its new supervisors are of
+                # the new release. Driven in the protocol they share; the agent should follow.
+                log.warning("job %d: its new supervisor is tether %s, this agent %s: restart "
+                            "the agent to finish the upgrade", link.job, link.release,
+                            tether.__version__)
             ident = ProcId(res["boot_id"], res["pid"], res["start_ticks"])
             if not link.watch(ident):
                 self.drop_link(link)
@@ -520,6 +530,7 @@ class Agent:
                 return
             self.feed(link.job, link.attempt, lifecycle.HelloAnswered(phase=str(phase)))
 
+        link.protocol = None  # hello goes out in version 1, which every release speaks
         link.request("hello", {"versions": sorted(protocol.SUPPORTED_VERSIONS)}, timeout, ok,
                      lambda exc: self.trouble(link, exc))
 

@@ -60,6 +60,11 @@ class Link:
         #: unknown: taken from SO_PEERCRED, so a process cannot lie about them
         self.peer_pid = -1
         self.peer_uid = -1
+        #: the protocol version negotiated by ``hello`` (None before): every later request on
+        #: this link is sent in it, so a supervisor of the release before is driven in its own
+        #: version; the release it answered with, for messages
+        self.protocol: int | None = None
+        self.release = "?"
         #: called when the socket is replaced, so the poller can follow
         self.on_reopen: Callable[[zmq.Socket[Any], zmq.Socket[Any]], None] | None = None
 
@@ -78,8 +83,14 @@ class Link:
 
     def request(self, kind: str, args: dict[str, Any], timeout: float, on_ok: OnOk,
                 on_err: OnErr) -> None:
+        try:
+            v = protocol.version_for(kind, self.protocol)
+        except TetherError as exc:  # this supervisor's release does not have the kind
+            on_err(type(exc)(f"the supervisor of job {self.job}.{self.attempt} is "
+                             f"{self.release}: {exc.message}"))
+            return
         rid = next(self._ids)
-        frame = protocol.encode_request(protocol.Request(id=rid, kind=kind, args=args))
+        frame = protocol.encode_request(protocol.Request(id=rid, kind=kind, args=args, v=v))
         timer = self.timers.at(time.monotonic() + timeout, lambda: self._expire(rid, timeout))
         self.pending[rid] = _Pending(kind, on_ok, on_err, timer)
         try:

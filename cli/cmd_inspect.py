@@ -10,7 +10,7 @@ from typing import Any
 from tether.cli.connect import open_step, supervisor_errors
 from tether.cli.errors import EXIT_USAGE, CliError
 from tether.cli.format import fmt_exit, print_pairs, say
-from tether.shared.errors import RemoteError
+from tether.shared.errors import RemoteError, VersionMismatch
 from tether.shared.paths import Layout
 from tether.shared.step_client import StepClient
 
@@ -33,8 +33,10 @@ def inspect(layout: Layout, ns: argparse.Namespace) -> int:
         if not ns.pmi:
             try:  # shown too when the caller may see it (the owner, root, the agent)
                 info = step.info()
-            except RemoteError as exc:  # not allowed, or a supervisor older than `info`
-                if exc.code not in ("permission_denied", "unknown_kind"):
+            except VersionMismatch:  # a supervisor older than `info`: what `state` says
+                pass
+            except RemoteError as exc:  # not allowed
+                if exc.code != "permission_denied":
                     raise
     if ns.json:
         print(json.dumps(st if info is None else dict(st, info=info)))

@@ -62,6 +62,10 @@ class Client:
         self.legacy: Any = None
         # distinct per process so two clients never confuse each other's ids in logs
         self._prefix = os.getpid() << 20
+        #: the version ``hello`` negotiated, and the release the server said it is (None before
+        #: a hello: each request then goes out in the oldest version that has its kind)
+        self.protocol: int | None = None
+        self.release: str | None = None
 
     def _socket(self, deadline: float) -> socket.socket:
         if self._sock is None:
@@ -106,14 +110,16 @@ class Client:
         budget = self.timeout if timeout is None else timeout
         deadline = time.monotonic() + budget
         rid = self._prefix + next(self._ids)
+        v = protocol.version_for(kind, self.protocol)
         data = framing.frame(protocol.encode_request(
-            protocol.Request(id=rid, kind=kind, args=args or {})))
+            protocol.Request(id=rid, kind=kind, args=args or {}, v=v)))
         try:
             return self._exchange(kind, rid, data, budget, deadline, watch, watch_interval)
         except _Zmtp:
             self.close()
             from tether.shared import zmq_client  # only for a 0.1 daemon: keeps zmq off the CLI
             self.legacy = zmq_client.Client(self.path, timeout=self.timeout)
+            self.legacy.protocol = self.protocol
             return self.legacy.call(kind, args, timeout=max(0.1, deadline - time.monotonic()),
                                     watch=watch, watch_interval=watch_interval)
         except BaseException:
@@ -190,3 +196,12 @@ class Client:
             if reply.id is not None and reply.id != rid:
                 continue  # a stale reply to an earlier request
             return reply
+
+    def hello(self, **kw: Any) -> dict[str, Any]:
+        """Negotiate the protocol version; later calls are sent in it."""
+        res: dict[str, Any] = self.call("hello", {"versions": sorted(protocol.SUPPORTED_VERSIONS)},
+                                        **kw)
+        if res.get("protocol") in protocol.SUPPORTED_VERSIONS:
+            self.protocol = int(res["protocol"])
+        self.release = str(res.get("version", "?"))
+        return res

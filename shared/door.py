@@ -94,6 +94,8 @@ class Conn:
         self.closing = False  # answer what is queued, then close (after an unreadable stream)
         self.last_bad_log = -1e9
         self.mask = 0
+        #: request id -> the protocol version it spoke, until it is answered
+        self.versions: dict[protocol.RequestId, int] = {}
 
     @property
     def key(self) -> tuple[str, int]:
@@ -182,12 +184,15 @@ class Door:
         conn.inflight = max(0, conn.inflight - 1)
         if conn.closed:
             return
-        data = protocol.encode_reply(reply)
+        # a reply answers in its request's version (at most ``inflight_per_conn`` remembered)
+        v = conn.versions.pop(reply.id, protocol.PROTOCOL_VERSION) if reply.id is not None \
+            else protocol.PROTOCOL_VERSION
+        data = protocol.encode_reply(reply, v)
         if len(data) > protocol.MAX_FRAME:  # a handler's bug, not the peer's: say so
             self.log.error("%s: reply to %s is %d bytes, over the frame limit", self.name, conn,
                            len(data))
             data = protocol.encode_reply(protocol.error(
-                reply.id, TetherError("internal error: reply too large")))
+                reply.id, TetherError("internal error: reply too large")), v)
         self._queue(conn, framing.frame(data))
         self._flush(conn)
         if not conn.closed:
@@ -367,6 +372,7 @@ class Door:
                     rid = protocol.peek_id(payload)
                 self._bad(conn, exc.message, rid, exc)
                 continue
+            conn.versions[req.id] = req.v
             self.on_request(conn, req)
 
     def _bad(self, conn: Conn, message: str, rid: protocol.RequestId | None,

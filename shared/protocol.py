@@ -20,9 +20,44 @@ import msgpack
 
 from tether.shared.errors import BadRequest, RemoteError, TetherError, UnknownKind, VersionMismatch
 
-#: The version this build speaks, and the set it accepts from peers (an N-1 window once 2 exists).
-PROTOCOL_VERSION = 1
-SUPPORTED_VERSIONS: frozenset[int] = frozenset({1})
+#: The version this build speaks, and the set it accepts from peers: this one and the one
+#: before (an N-1 window), so a build drives and serves the release before it.
+PROTOCOL_VERSION = 2
+SUPPORTED_VERSIONS: frozenset[int] = frozenset({1, 2})
+
+#: The protocol version that introduced each request kind (the agent's and the supervisors'):
+#: a request of that kind needs at least that version. A client sends each request in the
+#: version it negotiated with that server (``hello``), or before any hello in the kind's own
+#: version, which every server that has the kind accepts; it never sends a kind the server's
+#: version does not have, and a server refuses a kind newer than the request's ``v``.
+#: Add every new kind here with the version that introduces it (docs/protocol.md, "Versions").
+KIND_SINCE: dict[str, int] = {
+    # both servers
+    "hello": 1, "wait": 1,
+    # the agent (the CLI's)
+    "status": 1, "submit": 1, "list": 1, "show": 1, "cancel": 1,
+    # a step's supervisor
+    "state": 1, "claim": 1, "ack": 1, "abort": 1, "terminate": 1, "pmi": 1, "info": 1,
+    "pids": 1, "stats": 1, "output": 1, "events": 1, "signal": 1,
+}
+
+
+def version_for(kind: str, negotiated: int | None) -> int:
+    """The ``v`` to send ``kind`` in: the negotiated version, or before any hello the oldest
+    version that has the kind. Raises ``VersionMismatch`` if the negotiated one lacks it."""
+    since = KIND_SINCE.get(kind, PROTOCOL_VERSION)
+    if negotiated is None:
+        return since
+    if since > negotiated:
+        raise VersionMismatch(f"{kind!r} needs protocol {since}; the peer speaks {negotiated}")
+    return negotiated
+
+
+def check_kind_version(req: Request) -> None:
+    """Server side: refuse a kind the request's own version does not have."""
+    since = KIND_SINCE.get(req.kind)
+    if since is not None and req.v < since:
+        raise VersionMismatch(f"{req.kind!r} needs protocol {since}; the request speaks {req.v}")
 
 #: Largest frame either side accepts. Sockets set ZMQ_MAXMSGSIZE to this, so a larger frame
 #: drops the sender's connection inside libzmq before a byte of it is buffered here.
@@ -139,8 +174,9 @@ def error(request_id: RequestId | None, exc: TetherError) -> Reply:
     return Reply(id=request_id, ok=False, code=exc.code, message=exc.message)
 
 
-def encode_reply(reply: Reply) -> bytes:
-    body: dict[str, Any] = {"v": PROTOCOL_VERSION, "id": reply.id, "ok": reply.ok}
+def encode_reply(reply: Reply, v: int = PROTOCOL_VERSION) -> bytes:
+    """``v`` is the version the request spoke: a reply answers in its request's version."""
+    body: dict[str, Any] = {"v": v, "id": reply.id, "ok": reply.ok}
     if reply.ok:
         body["result"] = reply.result
     else:
@@ -246,11 +282,13 @@ def check_known(args: Mapping[str, Any], kind: str, allowed: Iterable[str]) -> N
 __all__ = [
     "MAX_FRAME",
     "PROTOCOL_VERSION",
+    "KIND_SINCE",
     "SUPPORTED_VERSIONS",
     "DecodeError",
     "Reply",
     "Request",
     "UnknownKind",
+    "check_kind_version",
     "decode_reply",
     "decode_request",
     "encode_reply",
@@ -259,4 +297,5 @@ __all__ = [
     "negotiate",
     "ok",
     "peek_id",
+    "version_for",
 ]

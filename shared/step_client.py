@@ -30,9 +30,8 @@ import stat
 from collections.abc import Iterator
 from typing import Any
 
-from tether.shared import protocol
 from tether.shared.client import Client, probe_unix
-from tether.shared.errors import TetherError, Unreachable
+from tether.shared.errors import RemoteError, TetherError, Unreachable, VersionMismatch
 from tether.shared.paths import Layout, default_state_dir
 from tether.shared.procid import ProcId
 
@@ -148,14 +147,28 @@ class StepClient:
         supervisor does not answer in time."""
         try:
             return self.client.call(kind, args, timeout=timeout, watch=self._watch)
+        except VersionMismatch:  # sent nothing: its release has no such kind
+            raise self._too_old(kind) from None
+        except RemoteError as exc:
+            if exc.code == "unknown_kind":  # a release older than the version table says
+                raise self._too_old(kind) from None
+            raise
         except Unreachable:
             if not self._alive():
                 raise self._gone("no reply, and it is no longer running") from None
             raise
 
+    def _too_old(self, kind: str) -> VersionMismatch:
+        return VersionMismatch(f"job {self.job}'s supervisor is {self.client.release or '?'} "
+                               f"and does not answer {kind!r}")
+
     def handshake(self) -> dict[str, Any]:
-        res: dict[str, Any] = self.call(
-            "hello", {"versions": sorted(protocol.SUPPORTED_VERSIONS)})
+        try:
+            res = self.client.hello(timeout=None, watch=self._watch)
+        except Unreachable:
+            if not self._alive():
+                raise self._gone("no reply, and it is no longer running") from None
+            raise
         self.hello = res
         try:
             ident = ProcId.from_dict(res)

@@ -7,6 +7,7 @@ payload]; the payload frame carries the kernel's credentials of the connecting p
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +29,8 @@ class Peer:
     pid: int
     #: a REQ client sends an empty delimiter frame and expects it back
     delimited: bool = False
+    #: the protocol version its request spoke: the reply answers in it
+    v: int = protocol.PROTOCOL_VERSION
 
     @property
     def key(self) -> bytes:
@@ -78,7 +81,8 @@ def receive(sock: zmq.Socket[Any]) -> tuple[Peer, protocol.Request] | None:
             # is not our protocol.
             if len(frames) != 2 and not peer.delimited:
                 raise BadRequest(f"expected one payload frame, got {len(frames) - 1}")
-            return peer, protocol.decode_request(data)
+            req = protocol.decode_request(data)
+            return dataclasses.replace(peer, v=req.v), req
         except TetherError as exc:
             rid = getattr(exc, "request_id", None)
             if rid is None:
@@ -90,6 +94,6 @@ def receive(sock: zmq.Socket[Any]) -> tuple[Peer, protocol.Request] | None:
 def send(sock: zmq.Socket[Any], peer: Peer, reply: protocol.Reply) -> None:
     try:
         head = [peer.routing_id, b""] if peer.delimited else [peer.routing_id]
-        sock.send_multipart([*head, protocol.encode_reply(reply)], zmq.NOBLOCK)
+        sock.send_multipart([*head, protocol.encode_reply(reply, peer.v)], zmq.NOBLOCK)
     except zmq.ZMQError as exc:  # peer gone or its queue full: the reply is simply dropped
         log.debug("reply to %s dropped: %s", peer, exc)

@@ -44,6 +44,9 @@ class Client:
         self.timeout = timeout
         self._ctx = ctx or zmq.Context.instance()
         self._sock: zmq.Socket[Any] | None = None
+        #: the version to speak (set by ``client.Client``, which negotiated it); None: the
+        #: oldest version that has each kind
+        self.protocol: int | None = None
         # distinct per process so two clients never confuse each other's ids in logs
         self._prefix = os.getpid() << 20
 
@@ -78,7 +81,9 @@ class Client:
         budget = self.timeout if timeout is None else timeout
         rid = self._prefix + next(self._ids)
         sock = self._socket()
-        frame = protocol.encode_request(protocol.Request(id=rid, kind=kind, args=args or {}))
+        v = protocol.version_for(kind, self.protocol)
+        frame = protocol.encode_request(protocol.Request(id=rid, kind=kind, args=args or {},
+                                                         v=v))
         deadline = time.monotonic() + budget
         try:
             sock.send(frame, zmq.NOBLOCK)

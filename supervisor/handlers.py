@@ -445,5 +445,6 @@ def dispatch(sup: Supervisor, peer: Peer, req: protocol.Request) -> Any:
     handler = HANDLERS.get(req.kind)
     if handler is None:
         raise UnknownKind(f"unknown request kind {req.kind!r}")
+    protocol.check_kind_version(req)
     authorize(sup, peer, req.kind)
     return handler(sup, peer, req)

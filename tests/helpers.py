@@ -130,6 +130,8 @@ class Node:
         self.agent: subprocess.Popen[bytes] | None = None
         self.agent_logs: list[str] = []
         self.env = dict(os.environ, TETHER_STATE_DIR=self.state)
+        #: the tether command this node's agent and CLI calls run (another build's, in skew tests)
+        self.tether = list(CLI)
 
     # ---- the agent -------------------------------------------------------------------------
 
@@ -139,7 +141,7 @@ class Node:
         self.agent_logs.append(log)
         with open(log, "wb") as out:
             self.agent = subprocess.Popen(
-                [*CLI, "agent", "--state-dir", self.state, *self.args],
+                [*self.tether, "agent", "--state-dir", self.state, *self.args],
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 env=dict(self.env, **(env or {})), start_new_session=True,
             )
@@ -171,8 +173,8 @@ class Node:
     # ---- the CLI ---------------------------------------------------------------------------
 
     def cli(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([*CLI, *args], capture_output=True, text=True, env=self.env,
-                              cwd=self.work, timeout=timeout)
+        return subprocess.run([*self.tether, *args], capture_output=True, text=True,
+                              env=self.env, cwd=self.work, timeout=timeout)
 
     def ok(self, *args: str) -> str:
         res = self.cli(*args)

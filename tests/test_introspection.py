@@ -15,7 +15,9 @@ from typing import Any
 
 import pytest
 
+import tether
 from tests.helpers import CLI, Node, foreign_python, pid_alive, poll_until
+from tether.shared import protocol
 from tether.shared.client import Client
 from tether.shared.errors import RemoteError
 from tether.shared.procid import proc_stat
@@ -89,7 +91,7 @@ def test_info_and_plain_inspect(node: Node) -> None:
     assert (info["ntasks"], info["gpus"], info["memory_mb"], info["pmi"]) == (1, [], 0, "none")
     assert len(info["cpus"]) == 1
     assert info["output"] == info["error"] == os.path.join(node.work, f"tether-{job}.out")
-    assert info["protocol"] == 1 and info["version"]
+    assert info["protocol"] == protocol.PROTOCOL_VERSION and info["version"] == tether.__version__
     assert info["supervisor_pid"] == st["supervisor_pid"]
     assert st["state"] == "running"
 

@@ -51,7 +51,7 @@ COMMON: list[Case] = [
     ("unknown kind", [req(12, "frobnicate", {})], "unknown_kind", 12),
     ("args not a map", [req(13, "hello", [1])], "bad_request", 13),
     ("unknown field", [req(14, "hello", {}, extra=1)], "bad_request", 14),
-    ("future version", [pack({"v": 2, "id": 15, "kind": "hello"})], "version", 15),
+    ("future version", [pack({"v": 99, "id": 15, "kind": "hello"})], "version", 15),
     ("versions not a list", [req(16, "hello", {"versions": "1"})], "bad_request", 16),
     ("no common version", [req(17, "hello", {"versions": [7, 8]})], "version", 17),
     ("unknown hello arg", [req("s18", "hello", {"versions": [1], "x": 1})], "bad_request",

@@ -54,7 +54,7 @@ def test_request_round_trip(req: Request) -> None:
 
 def test_request_without_args_defaults_to_empty_map() -> None:
     req = decode_request(pack({"v": 1, "id": 9, "kind": "status"}))
-    assert req == Request(id=9, kind="status", args={})
+    assert req == Request(id=9, kind="status", args={}, v=1)
 
 
 @pytest.mark.parametrize("frame, fragment, rid", [
@@ -94,7 +94,7 @@ def test_decode_request_errors(frame: bytes, fragment: str, rid: Any) -> None:
     assert info.value.code == "bad_request"
 
 
-@pytest.mark.parametrize("version", [0, 2, -1, 99])
+@pytest.mark.parametrize("version", [0, 3, -1, 99])
 def test_unsupported_version(version: int) -> None:
     with pytest.raises(VersionMismatch) as info:
         decode_request(pack({"v": version, "id": 1, "kind": "status"}))
@@ -104,7 +104,7 @@ def test_unsupported_version(version: int) -> None:
 
 def test_version_is_checked_before_kind_and_args() -> None:
     with pytest.raises(VersionMismatch):
-        decode_request(pack({"v": 2, "id": 1, "args": [], "future_field": 1}))
+        decode_request(pack({"v": 99, "id": 1, "args": [], "future_field": 1}))
 
 
 def test_oversized_frame_is_refused_before_decoding() -> None:
@@ -175,9 +175,9 @@ def test_error_reply_carries_code_and_unwrap_raises() -> None:
 
 def test_encoded_reply_has_the_documented_shape() -> None:
     body = msgpack.unpackb(encode_reply(protocol.error(7, BadRequest("bad"))))
-    assert body == {"v": 1, "id": 7, "ok": False, "error": {"code": "bad_request",
+    assert body == {"v": 2, "id": 7, "ok": False, "error": {"code": "bad_request",
                                                             "message": "bad"}}
-    body = msgpack.unpackb(encode_reply(protocol.ok(7, 3)))
+    body = msgpack.unpackb(encode_reply(protocol.ok(7, 3), v=1))  # answered in its request's v
     assert body == {"v": 1, "id": 7, "ok": True, "result": 3}
 
 
@@ -200,14 +200,15 @@ def test_decode_reply_errors(frame: bytes, fragment: str) -> None:
 
 @pytest.mark.parametrize("offered, expected", [
     ([1], 1),
-    ([0, 1, 2, 3], 1),
+    ([0, 1, 2, 3], 2),
     ([1, 1], 1),
+    ([2, 3], 2),
 ])
 def test_negotiate_common_version(offered: list[int], expected: int) -> None:
     assert negotiate(offered) == expected
 
 
-@pytest.mark.parametrize("offered", [[], [0], [2, 3], [-1]])
+@pytest.mark.parametrize("offered", [[], [0], [3, 4], [-1]])
 def test_negotiate_nothing_in_common(offered: list[int]) -> None:
     with pytest.raises(VersionMismatch, match="no common protocol version"):
         negotiate(offered)
@@ -424,3 +425,33 @@ def test_ledger_physical_maps_logical_ids_onto_allowed_cpus(cpu: int, expected: 
 def test_ledger_physical_identity_without_restriction() -> None:
     led = Ledger([0, 1, 2], gpus=0, memory_mb=0)
     assert [led.physical(c) for c in range(3)] == [0, 1, 2]
+
+
+# ---- versions per kind -----------------------------------------------------------------------
+
+
+def test_every_handled_kind_says_which_version_it_needs() -> None:
+    from tether.agent import api
+    from tether.supervisor import handlers
+    missing = (set(api.HANDLERS) | set(handlers.HANDLERS)) - set(protocol.KIND_SINCE)
+    assert missing == set()
+    assert all(v in protocol.SUPPORTED_VERSIONS or v < min(protocol.SUPPORTED_VERSIONS)
+               for v in protocol.KIND_SINCE.values())
+
+
+def test_a_request_goes_out_in_the_negotiated_version_or_its_kinds_own(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(protocol.KIND_SINCE, "newer", 2)
+    assert protocol.version_for("status", None) == 1  # every release that has it accepts 1
+    assert protocol.version_for("newer", None) == 2
+    assert protocol.version_for("status", 2) == 2
+    with pytest.raises(VersionMismatch, match="'newer' needs protocol 2; the peer speaks 1"):
+        protocol.version_for("newer", 1)
+
+
+def test_a_server_refuses_a_kind_newer_than_the_request(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(protocol.KIND_SINCE, "newer", 2)
+    protocol.check_kind_version(Request(id=1, kind="newer", v=2))
+    protocol.check_kind_version(Request(id=1, kind="status", v=1))
+    with pytest.raises(VersionMismatch, match="'newer' needs protocol 2; the request speaks 1"):
+        protocol.check_kind_version(Request(id=1, kind="newer", v=1))
