@@ -180,11 +180,18 @@ def submit(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
             return
         assert user is not None
         try:
-            job = agent.db.insert(
-                id=job_id, name=name, command=command, state="pending", cpus_per_task=cpus,
-                ntasks=ntasks, gpus_req=gpus, memory_mb=memory, output=out, error=err,
-                workdir=workdir, env=env, submitted_at=rfc3339_now(), pmi=pmi, user=user.name,
-                uid=user.uid, gid=user.gid, umask=umask)
+            agent.db.begin()
+            try:
+                job = agent.db.insert(
+                    id=job_id, name=name, command=command, state="pending", cpus_per_task=cpus,
+                    ntasks=ntasks, gpus_req=gpus, memory_mb=memory, output=out, error=err,
+                    workdir=workdir, env=env, submitted_at=rfc3339_now(), pmi=pmi,
+                    user=user.name, uid=user.uid, gid=user.gid)
+                agent.db.set_umask(job_id, umask)
+                agent.db.commit()
+            except BaseException:
+                agent.db.rollback()
+                raise
         except TetherError as full:  # a full state directory: nothing recorded, say so
             agent.reply(peer, protocol.error(req.id, full))
             return

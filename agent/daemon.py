@@ -312,7 +312,7 @@ class Agent:
         gid = user.gid if job.gid is None else job.gid  # the primary gid it submitted with
         groups = sorted(set(os.getgrouplist(user.name, gid)))
         return {"uid": user.uid, "gid": gid, "groups": groups, "user": user.name,
-                "home": user.home, "umask": 0o022 if job.umask is None else job.umask}
+                "home": user.home, "umask": self.db.umask_of(job.id)}
 
     def launch(self, job: Job) -> None:
         """Effect ``Spawn`` (L2, L3): feeds ``Spawned`` or ``SpawnFailed``."""

@@ -111,8 +111,11 @@ def sql(*statements: str) -> Callable[[sqlite3.Connection], None]:
 
 MIGRATIONS: list[Migration] = [
     Migration("the jobs table of release 0.1.0", _baseline),
-    Migration("jobs keep the submitter's umask (issue 7)",
-              sql("ALTER TABLE jobs ADD COLUMN umask INTEGER")),
+    # Beside the jobs table, not in it: release 0.1.0's agent reads every column of ``jobs``
+    # into its Job, so a new column there would stop it from running after a rollback.
+    Migration("the submitter's umask of each job (issue 7), in a table of its own",
+              sql("CREATE TABLE IF NOT EXISTS job_umask (id INTEGER PRIMARY KEY, "
+                  "umask INTEGER NOT NULL)")),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -152,8 +155,6 @@ class Job:
     user: str | None = None
     uid: int | None = None
     gid: int | None = None
-    #: the submitter's umask, applied to the output files and the tasks (null: 022)
-    umask: int | None = None
 
     @property
     def allocation(self) -> Allocation:
@@ -282,6 +283,14 @@ class Store:
         job_id = cur.lastrowid
         assert job_id is not None
         return self.get_required(job_id)
+
+    def set_umask(self, job_id: int, umask: int) -> None:
+        self._exec("INSERT OR REPLACE INTO job_umask (id, umask) VALUES (?, ?)", (job_id, umask))
+
+    def umask_of(self, job_id: int) -> int:
+        """The submitter's umask (jobs recorded before it was kept: 022)."""
+        row = self._exec("SELECT umask FROM job_umask WHERE id = ?", (job_id,)).fetchone()
+        return 0o022 if row is None else int(row[0])
 
     def last_id(self) -> int:
         """The highest id ever given (AUTOINCREMENT never reuses one)."""

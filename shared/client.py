@@ -105,6 +105,7 @@ class Client:
         closed, as after a timeout) and propagates.
         """
         if self.legacy is not None:
+            self.legacy.protocol = self.protocol  # as negotiated by hello, through it
             return self.legacy.call(kind, args, timeout=timeout, watch=watch,
                                     watch_interval=watch_interval)
         budget = self.timeout if timeout is None else timeout
@@ -113,8 +114,16 @@ class Client:
         v = protocol.version_for(kind, self.protocol)
         data = framing.frame(protocol.encode_request(
             protocol.Request(id=rid, kind=kind, args=args or {}, v=v)))
+        fresh = self._sock is None
         try:
-            return self._exchange(kind, rid, data, budget, deadline, watch, watch_interval)
+            try:
+                return self._exchange(kind, rid, data, budget, deadline, watch, watch_interval)
+            except Unreachable:
+                # A ZeroMQ peer may reset the connection over our frame before we read its
+                # greeting: on a fresh connection's failure, listen first, send nothing.
+                if fresh and self._greets_in_zmtp(deadline):
+                    raise _Zmtp() from None
+                raise
         except _Zmtp:
             self.close()
             from tether.shared import zmq_client  # only for a 0.1 daemon: keeps zmq off the CLI
@@ -173,6 +182,19 @@ class Client:
             reply = self._reply(rid)
             if reply is not None:
                 return reply.unwrap()
+
+    def _greets_in_zmtp(self, deadline: float) -> bool:
+        """Does the peer speak first, in ZMTP? (A door never speaks first.)"""
+        self.close()
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        try:
+            s.settimeout(max(0.01, min(0.5, deadline - time.monotonic())))
+            s.connect(self.path)
+            return framing.looks_like_zmtp(s.recv(1))
+        except OSError:
+            return False
+        finally:
+            s.close()
 
     def _maybe_zmtp(self) -> None:
         if framing.looks_like_zmtp(bytes(self._deframer.buf[:1])):

@@ -43,7 +43,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import count
 
-from tether.shared import framing, protocol
+from tether.shared import framing, protocol, zmtp
 from tether.shared.errors import Busy, TetherError
 from tether.shared.text import clip
 from tether.shared.timers import Timer, Timers
@@ -86,7 +86,9 @@ class Conn:
         self.fd = sock.fileno()
         self.uid, self.gid, self.pid = uid, gid, pid
         self.serial = next(self._serials)
-        self.deframer = framing.Deframer()
+        #: length-prefixed frames, until the first byte says ZMTP (a tether 0.1 client)
+        self.deframer: framing.Deframer | zmtp.Codec = framing.Deframer()
+        self.fresh = True
         self.out: deque[memoryview] = deque()
         self.out_bytes = 0
         self.inflight = 0
@@ -193,7 +195,7 @@ class Door:
                            len(data))
             data = protocol.encode_reply(protocol.error(
                 reply.id, TetherError("internal error: reply too large")), v)
-        self._queue(conn, framing.frame(data))
+        self._queue(conn, conn.deframer.frame(data))
         self._flush(conn)
         if not conn.closed:
             self._arm(conn)
@@ -334,6 +336,10 @@ class Door:
         if not data:
             self._drop(conn)
             return
+        if conn.fresh:
+            conn.fresh = False
+            if framing.looks_like_zmtp(data):
+                conn.deframer = zmtp.Codec()
         conn.deframer.feed(data)
         self._account(conn.uid, inn=len(data))
         self._process(conn)
@@ -344,8 +350,17 @@ class Door:
         """Take the complete frames buffered for ``conn`` while its caps allow."""
         while not conn.closed and self._may_take(conn):
             try:
-                if not conn.deframer.complete():
+                done = conn.deframer.complete()
+                handshake = conn.deframer.output()
+                if handshake:
+                    self._queue(conn, handshake)
+                    self._flush(conn)
+                if not done:
                     return
+            except zmtp.ZmtpError as exc:
+                self._bad_log(conn, f"ZMTP: {exc}")
+                self._drop(conn)
+                return
             except framing.FrameTooLarge as exc:
                 conn.inflight += 1
                 self._bad(conn, str(exc), None)
@@ -377,14 +392,17 @@ class Door:
 
     def _bad(self, conn: Conn, message: str, rid: protocol.RequestId | None,
              exc: TetherError | None = None) -> None:
+        self._bad_log(conn, message)
+        err = exc if exc is not None else protocol.DecodeError(message)
+        self.send(conn, protocol.error(rid, err))
+
+    def _bad_log(self, conn: Conn, message: str) -> None:
         now = time.monotonic()
         # once per connection per second, and at most ~10 lines a second in all (a peer that
         # reconnects for every bad frame gets no more)
         if now - conn.last_bad_log >= 1.0 and self._log_token(now):
             conn.last_bad_log = now
             self.log.warning("%s: bad request from %s: %s", self.name, conn, clip(message))
-        err = exc if exc is not None else protocol.DecodeError(message)
-        self.send(conn, protocol.error(rid, err))
 
     def _log_token(self, now: float) -> bool:
         tokens, when = self.log_bucket

@@ -61,6 +61,13 @@ class Deframer:
     def feed(self, data: bytes) -> None:
         self.buf += data
 
+    def output(self) -> bytes:
+        """Bytes to send unasked: none (the ZMTP codec has a handshake)."""
+        return b""
+
+    def frame(self, payload: bytes) -> bytes:
+        return frame(payload)
+
     def complete(self) -> bool:
         """Is a whole frame buffered? Raises ``FrameTooLarge`` once its header is in."""
         if self._size is None:
