@@ -1,4 +1,5 @@
-"""``list``: the jobs the agent holds, oldest first."""
+"""``list``: the jobs the agent holds, oldest first (``--json``: the job objects as they are,
+filtered, whatever ``--format`` says)."""
 
 from __future__ import annotations
 
@@ -6,16 +7,18 @@ import argparse
 import json
 
 from tether.cli.connect import all_jobs
-from tether.cli.format import fmt_exit, say
+from tether.cli.format import say
+from tether.cli.jobfilter import select
+from tether.cli.table import DEFAULT_FORMAT, parse_format, render
 from tether.shared.paths import Layout
 
 
 def list_jobs(layout: Layout, ns: argparse.Namespace) -> int:
-    jobs = all_jobs(layout)
+    cols = parse_format(ns.format or DEFAULT_FORMAT)  # a bad --format fails before any call
+    jobs = select(all_jobs(layout), ns)
     if ns.json:
         print(json.dumps(jobs))
         return 0
-    for j in jobs:
-        say(f"{j['id']:>6}  {j['state']:<10} {fmt_exit(j):<6} {j['name']:<16} "
-              f"{' '.join(j['command'])}")
+    for line in render(jobs, cols, header=not ns.no_header):
+        say(line)  # names and commands are the jobs' own: escaped
     return 0

@@ -26,7 +26,8 @@ def status(layout: Layout, ns: argparse.Namespace) -> int:
     print(f"agent on node {st['node']} (version {st['version']}, pid {st['pid']})")
     for res in ("cpus", "gpus", "memory_mb"):
         print(f"  {res:<10} {st[res]['allocated']}/{st[res]['total']} allocated")
-    print("  jobs       " + ", ".join(f"{k} {v}" for k, v in st["jobs"].items() if v))
+    counts = ", ".join(f"{k} {v}" for k, v in st["jobs"].items() if v)
+    print(f"  {'jobs':<10} {counts or 'none'}")
     return 0
 
 

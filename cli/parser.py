@@ -180,8 +180,20 @@ def add_submit(sub: Any) -> None:
 
 
 def add_list(sub: Any) -> None:
-    s = verb(sub, "list", "list jobs, oldest first")
-    add_json(s, "an array of job objects")
+    from tether.cli.jobfilter import add_filters, since
+    from tether.cli.table import fields_help
+
+    s = verb(sub, "list", "list jobs, oldest first",
+             "List jobs, oldest first, one line each under a header. Filters combine: a job "
+             "is listed when it passes every one given.", epilog=fields_help())
+    add_filters(s, "jobs")
+    s.add_argument("--since", type=since, metavar="TIME",
+                   help="only jobs not ended before TIME: N[s|m|h|d|w] ago (minutes without a "
+                   "unit), HH:MM[:SS] today or YYYY-MM-DD[THH:MM[:SS]], local time")
+    s.add_argument("--format", metavar="FIELD[:WIDTH],...",
+                   help="the columns, by name (listed below)")
+    s.add_argument("--no-header", action="store_true", help="leave out the header line")
+    add_json(s, "an array of job objects (filtered; --format does not apply)")
 
 
 def add_show(sub: Any) -> None:
@@ -201,10 +213,17 @@ def add_wait(sub: Any) -> None:
 
 
 def add_cancel(sub: Any) -> None:
-    s = verb(sub, "cancel", "cancel a job",
-             "Cancel a job: SIGTERM to every task, SIGKILL after the agent's --cancel-grace. "
-             "A pending job is simply cancelled.")
-    s.add_argument("job", type=job_id, metavar="JOB", help="job id")
+    from tether.cli.jobfilter import add_filters
+
+    s = verb(sub, "cancel", "cancel jobs",
+             "Cancel jobs: SIGTERM to every task, SIGKILL after the agent's --cancel-grace; a "
+             "pending job is simply cancelled. Name the jobs, or choose them with filters (then "
+             "only pending, starting and running ones unless --state says otherwise), or both "
+             "(the named jobs the filters let through). Exit 1 if any named job could not be "
+             "cancelled (each says why on its own line).",
+             usage="tether cancel [OPTIONS] [JOB...]")
+    s.add_argument("jobs", type=job_id, nargs="*", metavar="JOB", help="job ids")
+    add_filters(s, "jobs")
 
 
 def add_inspect(sub: Any) -> None:

@@ -211,7 +211,7 @@ def test_unwritable_or_planted_output_is_refused_before_launch(
     res = node.cli("submit", "--user", OTHER, "--workdir", work, "--output", link, "--",
                    "echo", "overwritten")
     assert res.returncode == 1 and "not a regular file" in res.stderr
-    assert node.ok("list") == "", "a refused job was recorded"
+    assert node.ok("list", "--json") == "[]\n", "a refused job was recorded"
     with open(secret) as f:
         assert f.read() == "root's\n"
 
