@@ -115,16 +115,19 @@ def test_attack6_socket_py_planted_in_a_1777_workdir_is_never_run(node: Node,
         assert f.read() == "fine\n"
 
 
-#: A socket.py that, imported by an opener in the workdir, hands back O_PATH fds.
+#: A socket.py that, imported by an output opener started in the workdir, hands back O_PATH fds
+#: on a file of the user's: the launch then failed halfway and the job stayed running, taskless.
 WEDGE = """
 import os, sys
+_me = sys.modules[__name__]
 sys.path[:] = [p for p in sys.path if p not in ("", ".", os.getcwd())]
 del sys.modules["socket"]
 import socket as _real
-sys.modules["socket"] = sys.modules[__name__]
 globals().update({k: v for k, v in vars(_real).items() if not k.startswith("__")})
+open(".wedge", "a").close()
 def send_fds(sock, buffers, fds, *rest):
-    return _real.send_fds(sock, buffers, [os.open(".", os.O_PATH) for _ in fds], *rest)
+    return _real.send_fds(sock, buffers, [os.open(".wedge", os.O_PATH) for _ in fds], *rest)
+sys.modules["socket"] = _me
 """
 
 
