@@ -14,10 +14,10 @@ from collections.abc import Iterator
 import pytest
 
 from tests.helpers import Node, foreign_python, poll_until
+from tests.userkit import made_users
 from tether.shared import records
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-OTHER = "tethertest"
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as other users")
 
@@ -47,12 +47,9 @@ AGENT_VERBS = ["claim", "wait", "ack", "abort", "terminate"]
 
 @pytest.fixture(scope="module")
 def other_user() -> Iterator[pwd.struct_passwd]:
-    try:
-        yield pwd.getpwnam(OTHER)
-    except KeyError:
-        subprocess.run(["useradd", "--system", "--no-create-home", "--shell",
-                        "/usr/sbin/nologin", OTHER], check=True)
-        yield pwd.getpwnam(OTHER)
+    """A user made for this module (a unique name), removed afterwards."""
+    with made_users(1) as (user,):
+        yield pwd.getpwnam(user.name)
 
 
 def as_user(user: str, code: str, *args: str) -> subprocess.CompletedProcess[str]:
@@ -86,7 +83,7 @@ def test_authorization_per_verb_and_class(node: Node, other_user: pwd.struct_pas
     job = node.submit("sleep", "30", opts=("--user", "nobody", "--workdir", work))
     node.wait_state(job, ("running",))
     # a stranger: may see the state, nothing else
-    stranger = calls(OTHER, node, job, ["hello", "state", *OWNER_VERBS, *AGENT_VERBS])
+    stranger = calls(other_user.pw_name, node, job, ["hello", "state", *OWNER_VERBS, *AGENT_VERBS])
     assert stranger["hello"] == "ok" and stranger["state"] == "ok"
     assert {k: v for k, v in stranger.items() if k not in ("hello", "state")} == dict.fromkeys(
         OWNER_VERBS + AGENT_VERBS, "permission_denied")
@@ -140,14 +137,14 @@ s.sendall(struct.pack(">I", len(f)) + f)
 assert reply()["ok"] is True
 print("ok")
 """
-    for user in (OTHER, "nobody"):
+    for user in (other_user.pw_name, "nobody"):
         res = as_user(user, code, node.layout.run_dir(job, 1).sock)
         assert res.stdout.strip() == "ok", res.stderr
     assert node.wait_end(job)["state"] == "completed"
 
 
 def test_job_as_another_user(node: Node, other_user: pwd.struct_passwd) -> None:
-    work = shared_node(node, OTHER)
+    work = shared_node(node, other_user.pw_name)
     node.start()
     rd = node.layout.run_dir(1, 1)
     script = (
@@ -159,10 +156,10 @@ def test_job_as_another_user(node: Node, other_user: pwd.struct_passwd) -> None:
         f'ln -s /etc/passwd {rd.path}/exit.json 2>/dev/null && echo PLANTED; '
         'echo done'
     )
-    job = node.submit("sh", "-c", script, opts=("--user", OTHER, "--workdir", work))
+    job = node.submit("sh", "-c", script, opts=("--user", other_user.pw_name, "--workdir", work))
     assert job == 1
     j = node.wait_end(job)
-    assert (j["state"], j["user"], j["uid"]) == ("completed", OTHER, other_user.pw_uid)
+    assert (j["state"], j["user"], j["uid"]) == ("completed", other_user.pw_name, other_user.pw_uid)
     out = os.path.join(work, f"tether-{job}.out")
     st = os.stat(out)
     assert (st.st_uid, st.st_gid) == (other_user.pw_uid, other_user.pw_gid)
@@ -171,7 +168,7 @@ def test_job_as_another_user(node: Node, other_user: pwd.struct_passwd) -> None:
     uid, gid = other_user.pw_uid, other_user.pw_gid
     assert f"Uid:\t{uid}\t{uid}\t{uid}\t{uid}" in text
     assert f"Gid:\t{gid}\t{gid}\t{gid}\t{gid}" in text
-    assert f"{other_user.pw_dir} {OTHER} {OTHER}" in text
+    assert f"{other_user.pw_dir} {other_user.pw_name} {other_user.pw_name}" in text
     assert "WROTE" not in text and "MOVED" not in text and "PLANTED" not in text
     assert text.rstrip().endswith("done")
 
@@ -194,11 +191,11 @@ def test_run_dir_and_records_are_root_only(node: Node) -> None:
 
 def test_unwritable_or_planted_output_is_refused_before_launch(
         node: Node, other_user: pwd.struct_passwd) -> None:
-    work = shared_node(node, OTHER)
+    work = shared_node(node, other_user.pw_name)
     node.start()
     # a directory the user cannot write
-    res = node.cli("submit", "--user", OTHER, "--workdir", work, "--output", "/etc/out.txt",
-                   "--", "true")
+    res = node.cli("submit", "--user", other_user.pw_name, "--workdir", work, "--output",
+                   "/etc/out.txt", "--", "true")
     assert res.returncode == 1 and "cannot create /etc/out.txt" in res.stderr
     # a link the user planted where the output will go, aiming at a file only root may write
     secret = os.path.join(node.dir, "rootfile")
@@ -208,8 +205,8 @@ def test_unwritable_or_planted_output_is_refused_before_launch(
     link = os.path.join(work, "out.txt")
     os.symlink(secret, link)
     os.lchown(link, other_user.pw_uid, other_user.pw_gid)
-    res = node.cli("submit", "--user", OTHER, "--workdir", work, "--output", link, "--",
-                   "echo", "overwritten")
+    res = node.cli("submit", "--user", other_user.pw_name, "--workdir", work, "--output", link,
+                   "--", "echo", "overwritten")
     assert res.returncode == 1 and "not a regular file" in res.stderr
     assert node.ok("list", "--json") == "[]\n", "a refused job was recorded"
     with open(secret) as f:
@@ -218,12 +215,12 @@ def test_unwritable_or_planted_output_is_refused_before_launch(
 
 def test_link_planted_between_submit_and_launch_is_not_followed(
         node: Node, other_user: pwd.struct_passwd) -> None:
-    work = shared_node(node, OTHER)
+    work = shared_node(node, other_user.pw_name)
     node.start()
     blocker = node.submit("sleep", "30", opts=("--cpus", "4"))
     node.wait_state(blocker, ("running",))
     out = os.path.join(work, "late.txt")
-    job = node.submit("echo", "overwritten", opts=("--user", OTHER, "--workdir", work,
+    job = node.submit("echo", "overwritten", opts=("--user", other_user.pw_name, "--workdir", work,
                                                    "--output", out, "--cpus", "4"))
     secret = os.path.join(node.dir, "rootfile")
     with open(secret, "w") as f:
@@ -250,7 +247,7 @@ def test_output_is_read_through_the_launch_fd_not_the_path(
         node: Node, other_user: pwd.struct_passwd) -> None:
     """The job's user swaps its output file for a link to a root-only file: inspect --output
     (run as root) still shows the job's own output, never the secret."""
-    work = shared_node(node, OTHER)
+    work = shared_node(node, other_user.pw_name)
     secret = os.path.join(node.dir, "secret")
     with open(secret, "w") as f:
         f.write("TOP SECRET\n")
@@ -259,7 +256,7 @@ def test_output_is_read_through_the_launch_fd_not_the_path(
     out = os.path.join(work, "o.txt")
     job = node.submit("sh", "-c", f'echo mine; mv {out} {out}.old; ln -s {secret} {out}; '
                                   'echo swapped > swapped; sleep 30',
-                      opts=("--user", OTHER, "--workdir", work, "--output", out))
+                      opts=("--user", other_user.pw_name, "--workdir", work, "--output", out))
     poll_until(lambda: os.path.exists(os.path.join(work, "swapped")), 30, "the swap")
     shown = node.ok("inspect", str(job), "--output", "--lines", "10")
     assert "mine" in shown and "TOP SECRET" not in shown
