@@ -45,12 +45,11 @@ from tether.agent.link import Link
 from tether.agent.offload import Offload
 from tether.agent.spawn import SpawnError, spawn_supervisor
 from tether.shared import protocol
-from tether.shared.door import Conn, Door
+from tether.shared.door import Conn, Door, answer
 from tether.shared.errors import RemoteError, TetherError
 from tether.shared.parking import Lot
 from tether.shared.paths import Layout, RunDir
 from tether.shared.procid import ProcId
-from tether.shared.text import clip
 from tether.shared.timers import Timers, rfc3339_now
 
 log = logging.getLogger("tether.agent")
@@ -234,20 +233,8 @@ class Agent:
     # ---- serving the CLI -------------------------------------------------------------------
 
     def on_request(self, conn: Conn, req: protocol.Request) -> None:
-        try:
-            result = api.dispatch(self, conn, req)
-        except TetherError as exc:
-            if exc.code == "permission_denied":
-                log.warning("refused %s from %s: %s", clip(repr(req.kind), 60), conn,
-                            clip(exc.message))
-            self.reply(conn, protocol.error(req.id, exc))
-            return
-        except Exception:  # a bug must never take the agent down
-            log.exception("handler for %s failed", clip(repr(req.kind), 60))
-            self.reply(conn, protocol.error(req.id, TetherError("internal error")))
-            return
-        if result is not api.PENDING:
-            self.reply(conn, protocol.ok(req.id, result))
+        answer(lambda: api.dispatch(self, conn, req), req, conn,
+               lambda r: self.reply(conn, r), log, api.PENDING)
 
     def reserve_id(self) -> int:
         """The id the next recorded job gets, held until ``release_id``. A refused submission

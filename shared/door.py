@@ -513,6 +513,28 @@ class Door:
             self.log.warning("%s: %s", self.name, message)
 
 
+def answer(call: Callable[[], object], req: protocol.Request, peer: object,
+           reply: Callable[[protocol.Reply], None], log: logging.Logger,
+           pending: object) -> None:
+    """Run one request's handler and answer it: its result (unless it is ``pending``: a long
+    poll answers later), its ``TetherError``, or, for a bug, "internal error" (the traceback
+    is logged, never sent). Refusals are logged with the peer, clipped."""
+    try:
+        result = call()
+    except TetherError as exc:
+        if exc.code == "permission_denied":
+            log.warning("refused %s from %s: %s", clip(repr(req.kind), 60), peer,
+                        clip(exc.message))
+        reply(protocol.error(req.id, exc))
+        return
+    except Exception:  # a bug must never take the daemon down with it
+        log.exception("handler for %s failed", clip(repr(req.kind), 60))
+        reply(protocol.error(req.id, TetherError("internal error")))
+        return
+    if result is not pending:
+        reply(protocol.ok(req.id, result))
+
+
 def _bind(path: str) -> socket.socket:
     """Listen at ``path`` (mode 0666: every request is authorized on its own). A stale socket
     left by a dead predecessor is replaced; anything else at the path is refused."""

@@ -40,12 +40,11 @@ import zmq
 
 import tether
 from tether.shared import protocol, records, wire
-from tether.shared.door import Conn, Door
+from tether.shared.door import Conn, Door, answer
 from tether.shared.errors import LaunchError, StateError, TetherError
 from tether.shared.parking import Lot, Parked
 from tether.shared.paths import RunDir
 from tether.shared.procid import ProcId, all_processes
-from tether.shared.text import clip
 from tether.shared.timers import Timer, Timers, rfc3339_now
 from tether.supervisor import handlers, introspect
 from tether.supervisor.launch import Launcher, LaunchFailed, Opened, Opener
@@ -211,20 +210,8 @@ class Supervisor:
 
     def handle(self, peer: Peer, req: protocol.Request) -> None:
         """One request from either transport: the same verbs, the same authorization."""
-        try:
-            result = handlers.dispatch(self, peer, req)
-        except TetherError as exc:
-            if exc.code == "permission_denied":
-                log.warning("refused %s from %s: %s", clip(repr(req.kind), 60), peer,
-                            clip(exc.message))
-            self.reply(peer, protocol.error(req.id, exc))
-            return
-        except Exception:  # a bug must not take the step down with it
-            log.exception("handler for %s failed", clip(repr(req.kind), 60))
-            self.reply(peer, protocol.error(req.id, TetherError("internal error")))
-            return
-        if result is not handlers.PENDING:
-            self.reply(peer, protocol.ok(req.id, result))
+        answer(lambda: handlers.dispatch(self, peer, req), req, peer,
+               lambda r: self.reply(peer, r), log, handlers.PENDING)
 
     def reply(self, peer: Peer, reply: protocol.Reply) -> None:
         if isinstance(peer, Conn):
