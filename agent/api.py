@@ -22,7 +22,7 @@ import tether
 from tether.agent import users
 from tether.agent.db import ACTIVE, FINAL, SCHEMA_VERSION
 from tether.agent.ledger import Request as ResourceRequest
-from tether.shared import protocol
+from tether.shared import outpattern, protocol
 from tether.shared.door import Conn
 from tether.shared.errors import (
     BadRequest,
@@ -53,6 +53,8 @@ LIST_PAGE_BYTES = 256 * 1024
 #: A job's command line, in bytes: it travels in every reply that shows the job.
 MAX_COMMAND_BYTES = 128 * 1024
 PMI_KINDS = ("none", "pmi1", "pmi2")
+#: The node name keeps two agents' outputs apart in a shared directory (job ids are per agent).
+DEFAULT_OUTPUT = "tether-%N-%j.out"
 
 
 def hello(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
@@ -115,6 +117,24 @@ def _submitter(peer: Peer, user_name: str | None) -> users.User:
     return users.by_uid(peer.uid, peer.gid)
 
 
+def output_paths(job_id: int, name: str, output: str, error: str, user: str, node: str,
+                 array_id: int | None = None, array_index: int | None = None,
+                 ) -> tuple[str, str]:
+    """The job's output and error names with its tokens expanded (``%t`` is left to the
+    supervisor, which gives each task its files). Whether their directories exist is the
+    user's check (``users.check_access``), not root's."""
+    values = {"j": str(job_id), "x": name, "u": user, "N": node,
+              "A": str(job_id if array_id is None else array_id),
+              "a": str(array_index or 0)}
+    return outpattern.for_job(output, values), outpattern.for_job(error, values)
+
+
+def task_paths(out: str, err: str, ntasks: int) -> set[str]:
+    """Every file the tasks will write: one pair, or one per task with ``%t``."""
+    ranks = range(ntasks) if outpattern.per_task(out) or outpattern.per_task(err) else [0]
+    return {outpattern.for_task(p, r) for r in ranks for p in (out, err)}
+
+
 def submit(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
     args = req.args
     check_known(args, req.kind, ("command", "name", "cpus", "gpus", "memory_mb", "ntasks",
@@ -155,20 +175,24 @@ def submit(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
     # once the user's side checked out: a refused job, or one whose submitter went away
     # meanwhile, leaves no trace.
     job_id = agent.reserve_id()
-    out = (output or os.path.join(workdir, "tether-%j.out")).replace("%j", str(job_id))
-    err = (error or out).replace("%j", str(job_id))
+    node = agent.cfg.node
 
-    def check() -> users.User:
-        """On the worker thread: who the user is (NSS may be slow) and, as that user, whether
-        the workdir can be entered and the outputs written (root would see what she cannot)."""
+    def check() -> tuple[users.User, str, str]:
+        """On the worker thread: who the user is (NSS may be slow), her file names (``%u``),
+        and, as that user, whether the workdir can be entered and the outputs written (root
+        would see what she cannot)."""
         user = _submitter(peer, user_name)
+        default = os.path.join(workdir, DEFAULT_OUTPUT)
+        out, err = output_paths(job_id, name, output or default, error or output or default,
+                                user.name, node)
+        paths = sorted(task_paths(out, err, ntasks))
         if user.uid == os.geteuid():
-            users.check_own_access(workdir, sorted({out, err}))
+            users.check_own_access(workdir, paths)
         else:
-            users.check_access(user, workdir, sorted({out, err}))
-        return user
+            users.check_access(user, workdir, paths)
+        return user, out, err
 
-    def checked(user: users.User | None, exc: BaseException | None) -> None:
+    def checked(got: tuple[users.User, str, str] | None, exc: BaseException | None) -> None:
         agent.release_id(job_id)
         if peer.closed:
             return  # nobody to tell the id to: nothing is recorded
@@ -178,7 +202,8 @@ def submit(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
                 exc = TetherError("internal error")
             agent.reply(peer, protocol.error(req.id, exc))
             return
-        assert user is not None
+        assert got is not None
+        user, out, err = got
         try:
             agent.db.begin()
             try:

@@ -12,6 +12,7 @@ talk to the job's supervisor directly (``shared.step_client``), never to the age
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import os
 import sys
@@ -29,6 +30,8 @@ VERBS = {
     "inspect": "cmd_inspect:inspect", "attach": "cmd_attach:attach",
     "signal": "cmd_attach:signal",
 }
+# verbs that need no agent: they take the Namespace only
+LOCAL = {"completion": "completion:completion", "man": "manpage:man"}
 
 
 def load(target: str) -> Any:
@@ -44,14 +47,32 @@ def run(argv: list[str]) -> int:
     ns = parser.parse(argv)
     if ns.cmd is None:  # only global options, e.g. `tether --state-dir X`
         raise CliError("tether: missing the command ('tether --help' lists them)", EXIT_USAGE)
-    from tether.shared.paths import default_state_dir
-
-    state_dir = ns.state_dir or default_state_dir()
+    if ns.cmd in LOCAL:
+        return int(load(LOCAL[ns.cmd])(ns))
     if ns.cmd == "agent":
-        return int(load("cmd_agent:agent")(state_dir, ns))
+        from tether.cli import agentconf
+
+        agentconf.apply(parser.subcommand("agent"), ns, argv)
+        return int(load("cmd_agent:agent")(state_dir(ns), ns))
     from tether.shared.paths import Layout
 
-    return int(load(VERBS[ns.cmd])(Layout(os.path.abspath(state_dir)), ns))
+    return int(load(VERBS[ns.cmd])(Layout(os.path.abspath(state_dir(ns))), ns))
+
+
+def state_dir(ns: argparse.Namespace) -> str:
+    """--state-dir, else $TETHER_STATE_DIR, else the agent's settings file, else the default."""
+    from tether.shared.paths import default_state_dir
+
+    if ns.state_dir:
+        return str(ns.state_dir)
+    if os.environ.get("TETHER_STATE_DIR"):
+        return default_state_dir()
+    configured = getattr(ns, "config_state_dir", None)
+    if configured is None and ns.cmd != "agent" and os.path.exists("/etc/tether/agent.toml"):
+        from tether.cli.agentconf import client_state_dir
+
+        configured = client_state_dir()
+    return str(configured) if configured else default_state_dir()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -69,6 +69,13 @@ class Parser(argparse.ArgumentParser):
             owner.error(f"unrecognized arguments: {' '.join(extras)}{hint}")
         return ns
 
+    def subcommand(self, name: str) -> Parser:
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                sub: Parser = action.choices[name]
+                return sub
+        raise KeyError(name)
+
 
 def suggest(given: str, names: list[str]) -> str:
     close = difflib.get_close_matches(given, sorted(set(names)), n=1, cutoff=0.6)
@@ -101,7 +108,7 @@ def build_parser() -> Parser:
     p.add_argument("--state-dir", metavar="DIR", help=STATE_DIR_HELP)
     sub = p.add_subparsers(dest="cmd", metavar="COMMAND", parser_class=Parser, title="commands")
     for add in (add_agent, add_status, add_submit, add_list, add_show, add_wait, add_cancel,
-                add_inspect, add_attach, add_signal):
+                add_inspect, add_attach, add_signal, add_completion, add_man):
         add(sub)
     return p
 
@@ -110,6 +117,10 @@ def add_agent(sub: Any) -> None:
     a = verb(sub, "agent", "run the node agent in the foreground",
              "Run the node agent in the foreground. SIGTERM, SIGINT or SIGHUP stop it and leave "
              "every job running; a restarted agent takes them back.")
+    a.add_argument("--config", metavar="FILE",
+                   help="settings file: KEY = VALUE per option above or below, named without "
+                   "the dashes (cpus = 8, cancel-grace = 30); options given here override it "
+                   "(default /etc/tether/agent.toml, if it exists)")
     a.add_argument("--cpus", type=positive, metavar="N",
                    help="model a node with CPU ids 0..N-1 (default: the CPUs this process may "
                    "run on)")
@@ -137,10 +148,14 @@ def add_status(sub: Any) -> None:
     add_json(s, "the agent's status")
 
 
-OUTPUT_HELP = """output file names (--output, --error; relative to --workdir):
-  %j  the job id
-  The files are truncated when the job starts. Default: tether-%j.out in the working
-  directory for both streams."""
+OUTPUT_HELP = """output file names (--output, --error; relative to --workdir), as Slurm's:
+  %j  the job id              %A  the array's id (the job id outside an array)
+  %x  the job name            %a  the array index (0 outside an array)
+  %u  the user                %t  the task's rank: each task gets its own files
+  %N  the node name           %%  a %
+  A number after the % zero-pads (%4j: 0042). Default: tether-%N-%j.out for both streams.
+  The files are truncated when the job starts; a command that cannot be executed leaves
+  its reason in the error file."""
 
 
 def add_submit(sub: Any) -> None:
@@ -161,7 +176,7 @@ def add_submit(sub: Any) -> None:
     s.add_argument("--name", metavar="NAME",
                    help="job name, up to 256 characters (default: the command's base name)")
     s.add_argument("--output", metavar="PATH",
-                   help="file for the tasks' stdout; tokens below (default tether-%%j.out)")
+                   help="file for the tasks' stdout; tokens below (default tether-%%N-%%j.out)")
     s.add_argument("--error", metavar="PATH",
                    help="file for the tasks' stderr; tokens below (default: the --output file)")
     s.add_argument("--workdir", metavar="DIR",
@@ -263,3 +278,19 @@ def add_signal(sub: Any) -> None:
                    help="a name with or without SIG, any case (TERM, sigusr1, RTMIN+1) or a number")
     s.add_argument("--rank", type=non_negative, metavar="R",
                    help="only this task (default: every task)")
+
+
+def add_completion(sub: Any) -> None:
+    s = verb(sub, "completion", "print a shell completion script",
+             "Print a completion script for bash or zsh, written from this very parser.",
+             epilog="examples:\n  source <(tether completion bash)       # this shell\n"
+             "  tether completion bash > /etc/bash_completion.d/tether\n"
+             "  tether completion zsh > \"${fpath[1]}/_tether\"")
+    s.add_argument("shell", choices=["bash", "zsh"], help="the shell: bash or zsh")
+
+
+def add_man(sub: Any) -> None:
+    verb(sub, "man", "print the manual page (roff)",
+         "Print the manual page, written from this very parser, as roff.",
+         epilog="examples:\n  tether man | man -l -\n  tether man > /usr/local/share/man/man1/"
+         "tether.1")

@@ -76,8 +76,10 @@ def main() -> int:
             rc = subprocess.run([*TETHER, "wait", jid], env=env).returncode
             print(f"tether wait {jid} -> exit {rc}")
         print(tether("list"), end="")
-        say(f"output of the ticker (tether-{ticker}.out): one line each, none lost or repeated")
-        with open(os.path.join(work, f"tether-{ticker}.out")) as f:
+        out = json.loads(tether("show", ticker, "--json"))["output"]
+        say(f"output of the ticker ({os.path.basename(out)}): one line each, none lost or "
+            "repeated")
+        with open(out) as f:
             print(f.read(), end="")
         print(tether("status"), end="")
         return 0

@@ -30,6 +30,7 @@ import stat
 from collections.abc import Iterator
 from typing import Any
 
+from tether.shared import outpattern
 from tether.shared.client import Client, probe_unix
 from tether.shared.errors import RemoteError, TetherError, Unreachable, VersionMismatch
 from tether.shared.paths import Layout, default_state_dir
@@ -228,7 +229,9 @@ class StepClient:
         owner = os.geteuid()
         if fallback:
             info = self.info()
-            paths = {"stdout": info["output"], "stderr": info["error"]}
+            # the first task's files, as the supervisor's readers (outpattern)
+            paths = {"stdout": outpattern.for_task(info["output"], 0),
+                     "stderr": outpattern.for_task(info["error"], 0)}
             owner = int(info.get("uid", owner))
         while True:
             try:

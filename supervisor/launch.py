@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
+from tether.shared import outpattern
 from tether.shared.procid import start_ticks
 from tether.supervisor.step import Step, Task, bounded
 
@@ -60,8 +61,24 @@ def task_env(spec: dict[str, Any], rank: int) -> dict[str, str]:
 #: blocking; it is cleared again once the fd is known to be a file or device.
 _OUTPUT_FLAGS = (os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND | os.O_NOFOLLOW
                  | os.O_CLOEXEC | os.O_NONBLOCK)
-#: Most fds the opener hands back: the working directory, two outputs, two readers.
-_MAX_FDS = 5
+#: fds per SCM_RIGHTS message (the kernel takes at most 253): a job with per-task files
+#: (``%t``) has up to two per task, sent in several messages.
+_BATCH = 200
+#: How long the rest of a batch may take once the first message arrived.
+OPENER_TIMEOUT = 5.0
+
+
+def output_paths(spec: dict[str, Any]) -> list[str]:
+    """Every distinct file the tasks write, in order: rank 0's output (and error), then the
+    other ranks' when the names have ``%t`` (the agent expanded every other token)."""
+    per_task = outpattern.per_task(spec["output"]) or outpattern.per_task(spec["error"])
+    paths: list[str] = []
+    for rank in range(spec["ntasks"] if per_task else 1):
+        for name in (spec["output"], spec["error"]):
+            path = outpattern.for_task(name, rank)
+            if path not in paths:
+                paths.append(path)
+    return paths
 
 
 @dataclass
@@ -69,11 +86,11 @@ class Opened:
     """What the opener handed back, all opened with the job's user's credentials."""
 
     workdir: int  #: O_PATH fd of the working directory (tasks start there via /proc/self/fd)
-    outputs: list[int]  #: write fds, one per distinct output path
-    readers: list[int | None]  #: read-only fds on the same files (None: the user may not read)
+    outputs: dict[str, int]  #: path -> write fd, one per distinct output path
+    readers: list[int | None]  #: read-only fds on rank 0's files (None: the user may not read)
 
     def close(self) -> None:
-        for fd in [self.workdir, *self.outputs]:
+        for fd in [self.workdir, *self.outputs.values()]:
             with contextlib.suppress(OSError):
                 os.close(fd)
 
@@ -109,29 +126,42 @@ class Opener:
             os.kill(self.pid, signal.SIGKILL)
 
     def result(self) -> Opened:
-        """The checked fds, or LaunchFailed with the reason."""
+        """The checked fds, or LaunchFailed with the reason. The first message is in (the
+        loop saw the socket readable); the rest of a large batch follows at once."""
+        fds: list[int] = []
         try:
-            msg, fds, _, _ = socket.recv_fds(self.sock, 4096, _MAX_FDS)
-        except OSError as exc:
-            raise LaunchFailed(f"cannot open the output files as {self.spec.get('user')}: "
-                               f"{exc.strerror or exc}") from None
-        text = msg.decode(errors="replace")
-        n = len(self.paths)
-        if not text.startswith("ok:") or len(fds) < 1 + n:
+            msg, got, _, _ = socket.recv_fds(self.sock, 4096, _BATCH)
+            fds += got
+            text = msg.decode(errors="replace")
+            head, _, flags = text.partition(";")
+            want = int(head[3:]) if head.startswith("ok:") and head[3:].isdigit() else -1
+            self.sock.settimeout(OPENER_TIMEOUT)
+            while 0 <= len(fds) < want:
+                _, got, _, _ = socket.recv_fds(self.sock, 16, _BATCH)
+                if not got:
+                    break
+                fds += got
+        except (OSError, ValueError) as exc:
             for fd in fds:
                 os.close(fd)
-            raise LaunchFailed(bounded(text or "the output opener exited without a word"))
-        flags = text[3:]
+            raise LaunchFailed(f"cannot open the output files as {self.spec.get('user')}: "
+                               f"{exc}") from None
+        n = len(self.paths)
+        if want < 0 or len(fds) != want or want < 1 + n:
+            for fd in fds:
+                os.close(fd)
+            raise LaunchFailed(bounded(text if want < 0 else "the output opener sent "
+                                       f"{len(fds)} of {want} files"))
         wd, outs, rest = fds[0], fds[1:1 + n], fds[1 + n:]
         readers: list[int | None] = []
-        for flag in flags[:n]:
+        for flag in flags[:2]:
             readers.append(rest.pop(0) if flag == "1" and rest else None)
         for fd in rest:
             os.close(fd)
-        opened = Opened(wd, outs, readers)
+        opened = Opened(wd, dict(zip(self.paths, outs, strict=True)), readers)
         try:
             _check_dir(wd, self.spec["workdir"])
-            for fd, path in zip(outs, self.paths, strict=True):
+            for path, fd in opened.outputs.items():
                 _check_output(fd, path)
         except LaunchFailed:
             opened.close()
@@ -166,13 +196,18 @@ def _open_as_user(spec: dict[str, Any], paths: list[str], sock: socket.socket) -
             except OSError as exc:
                 raise _Refused(f"cannot open output file {path}: {exc.strerror}") from None
         readers, flags = [], ""
-        for fd in outs:
+        first = [outs[paths.index(outpattern.for_task(spec[name], 0))]
+                 for name in ("output", "error")]
+        for fd in first:  # rank 0's files: what introspection reads
             try:  # as the user: a file she may only write gives no reader
                 readers.append(os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_CLOEXEC))
                 flags += "1"
             except OSError:
                 flags += "0"
-        socket.send_fds(sock, [b"ok:" + flags.encode()], [wd, *outs, *readers])
+        fds = [wd, *outs, *readers]
+        socket.send_fds(sock, [f"ok:{len(fds)};{flags}".encode()], fds[:_BATCH])
+        for i in range(_BATCH, len(fds), _BATCH):
+            socket.send_fds(sock, [b"more"], fds[i:i + _BATCH])
         code = 0
     except _Refused as exc:
         with contextlib.suppress(OSError):
@@ -256,8 +291,8 @@ class Launcher:
             step.note_exit(step.tasks[0])
             _skip_rest(step, str(opened))
             raise opened
-        out, err = opened.outputs[0], opened.outputs[-1]
         r_out, r_err = opened.readers[0], opened.readers[-1]
+        # introspection follows the first task's files
         self.readers = {k: v for k, v in (("stdout", r_out), ("stderr", r_err))
                         if v is not None}
         if len(self.readers) < 2:
@@ -266,6 +301,9 @@ class Launcher:
         own_affinity = os.sched_getaffinity(0)
         try:
             for task in step.tasks:
+                # each task's files (its own with %t, else everyone's the same)
+                out = opened.outputs[outpattern.for_task(spec["output"], task.rank)]
+                err = opened.outputs[outpattern.for_task(spec["error"], task.rank)]
                 self._start(spec, task, out, err, opened.workdir)
                 step.note_exit(task)
                 if task.done:  # could not exec: the step fails, the others are not started
@@ -314,6 +352,10 @@ class Launcher:
         except OSError as exc:
             task.record_launch_failure(_exec_reason(exc, spec, cwd))
             log.warning("task %d: %s", task.rank, task.reason)
+            try:  # where the user looks first; `show` has it too
+                os.write(err, f"tether: task {task.rank}: {task.reason}\n".encode())
+            except OSError:
+                pass
             return
         finally:
             if self.spawned is not None:

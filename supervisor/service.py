@@ -47,7 +47,7 @@ from tether.shared.paths import RunDir
 from tether.shared.procid import ProcId, all_processes
 from tether.shared.timers import Timer, Timers, rfc3339_now
 from tether.supervisor import handlers, introspect
-from tether.supervisor.launch import Launcher, LaunchFailed, Opened, Opener
+from tether.supervisor.launch import Launcher, LaunchFailed, Opened, Opener, output_paths
 from tether.supervisor.pmi import Abort, Broken, Finalized, Output, PmiServer, ProtocolError, Send
 from tether.supervisor.pmi_io import PmiChannels, clean_env
 from tether.supervisor.step import Phase, Step, signal_name
@@ -251,10 +251,8 @@ class Supervisor:
             return
         if self.claim_timer:
             self.claim_timer.cancel()
-        paths = [self.spec["output"]] if self.spec["error"] == self.spec["output"] else [
-            self.spec["output"], self.spec["error"]]
         try:
-            self.opener = Opener(self.spec, paths)
+            self.opener = Opener(self.spec, output_paths(self.spec))
         except OSError as exc:
             self.opened(LaunchFailed(f"cannot start the output opener: {exc}"))
             return

@@ -23,6 +23,14 @@ T = TypeVar("T")
 CLI = [sys.executable, "-m", "tether.cli.main"]
 
 
+def default_output(work: str, job: int) -> str:
+    """Where a job's output goes by default: ``tether-NODE-ID.out`` (the node name defaults to
+    the host name), or ``tether-ID.out`` for a job an older release submitted."""
+    current = os.path.join(work, f"tether-{socket.gethostname()}-{job}.out")
+    older = os.path.join(work, f"tether-{job}.out")
+    return older if os.path.exists(older) and not os.path.exists(current) else current
+
+
 def poll_until(predicate: Callable[[], T], timeout: float, what: str,
                interval: float = 0.02) -> T:
     """Poll ``predicate`` until it is truthy; fail naming ``what`` if it never is."""

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 import tether
-from tests.helpers import CLI, Node, foreign_python, pid_alive, poll_until
+from tests.helpers import CLI, Node, default_output, foreign_python, pid_alive, poll_until
 from tether.shared import protocol
 from tether.shared.client import Client
 from tether.shared.errors import RemoteError
@@ -90,7 +90,7 @@ def test_info_and_plain_inspect(node: Node) -> None:
     assert info["name"] == "infojob" and info["workdir"] == node.work
     assert (info["ntasks"], info["gpus"], info["memory_mb"], info["pmi"]) == (1, [], 0, "none")
     assert len(info["cpus"]) == 1
-    assert info["output"] == info["error"] == os.path.join(node.work, f"tether-{job}.out")
+    assert info["output"] == info["error"] == default_output(node.work, job)
     assert info["protocol"] == protocol.PROTOCOL_VERSION and info["version"] == tether.__version__
     assert info["supervisor_pid"] == st["supervisor_pid"]
     assert st["state"] == "running"
@@ -221,7 +221,7 @@ def test_output_last_lines(node: Node) -> None:
 def test_attach_mid_job_sees_every_line_once_and_exits_0(node: Node) -> None:
     node.start()
     job = node.submit("sh", "-c", 'for i in $(seq 0 59); do echo "line $i"; sleep 0.03; done')
-    out = path(node, f"tether-{job}.out")
+    out = default_output(node.work, job)
     poll_until(lambda: count_lines(out) >= 5, 30, "the job to print a few lines")
     res = node.cli("attach", str(job), timeout=60)
     assert res.returncode == 0, res.stderr
@@ -276,7 +276,7 @@ def test_attach_and_inspect_survive_the_agent_dying_and_restarting(node: Node) -
     assert proc.returncode == 0, err
     assert err == b""
     data = read(node, "attached.txt")
-    assert data == read(node, f"tether-{job}.out")
+    assert data == read(node, os.path.basename(default_output(node.work, job)))
     numbered(data)
     assert node.wait_end(job)["state"] == "completed"
 
@@ -294,7 +294,7 @@ def test_attach_ctrl_c_detaches_and_the_job_keeps_running(node: Node) -> None:
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 130 and b"Traceback" not in err, err
     assert node.job(job)["state"] == "running"
-    out = path(node, f"tether-{job}.out")
+    out = default_output(node.work, job)
     seen = count_lines(out)
     poll_until(lambda: count_lines(out) > seen + 5, 30, "the job to go on printing")
     touch(node, "stop")
@@ -416,7 +416,8 @@ def test_followers_drain_after_the_agent_acknowledged(node: Node) -> None:
                    "the agent to collect (and acknowledge) the result")
         for _, data in follow:
             got += data
-    assert len(got) > 1_000_000 and got == read(node, f"tether-{job}.out")
+    out = os.path.basename(default_output(node.work, job))
+    assert len(got) > 1_000_000 and got == read(node, out)
     poll_until(lambda: not node.supervisor_pids(), 30, "the supervisor to exit once drained")
 
 
@@ -445,7 +446,7 @@ def test_supervisor_gone(node: Node) -> None:
         seen += b"".join(data for _, data in follow)
         assert s2.fell_back
         assert s2.offsets["stdout"] == len(seen)
-        assert read(node, f"tether-{job}.out").startswith(seen)
+        assert read(node, os.path.basename(default_output(node.work, job))).startswith(seen)
         assert seen.endswith(b"\n")
     finally:
         s.close()

@@ -8,7 +8,7 @@ import signal
 
 import pytest
 
-from tests.helpers import Node, pid_alive, poll_until
+from tests.helpers import Node, default_output, pid_alive, poll_until
 from tether.shared import records
 from tether.shared.procid import ProcId
 
@@ -40,7 +40,7 @@ def test_restart_mid_job_keeps_the_job(node: Node, sig: int) -> None:
 
     j = node.wait_end(job)
     assert (j["state"], j["exit_code"], j["attempt"]) == ("completed", 0, 1)
-    with open(os.path.join(node.work, f"tether-{job}.out")) as f:
+    with open(default_output(node.work, job)) as f:
         lines = f.read().splitlines()
     assert lines == [f"line {i}" for i in range(1, 11)], "output lost or duplicated"
     st = node.status()

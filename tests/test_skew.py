@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 import tether
-from tests.helpers import CLI, Node, poll_until
+from tests.helpers import CLI, Node, default_output, poll_until
 from tests.releases import release
 from tether.agent import db
 from tether.shared import protocol
@@ -65,7 +65,7 @@ def open_gate(node: Node) -> None:
 
 def assert_ticked_whole(node: Node, job: int) -> None:
     """Every tick once, in order, then done: nothing lost or repeated across the upgrades."""
-    with open(os.path.join(node.work, f"tether-{job}.out")) as f:
+    with open(default_output(node.work, job)) as f:
         lines = f.read().splitlines()
     assert lines[-1] == "done" and len(lines) > 5
     assert lines[:-1] == [f"tick {i}" for i in range(1, len(lines))]

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.helpers import Node, foreign_python, poll_until
+from tests.helpers import Node, default_output, foreign_python, poll_until
 from tests.userkit import made_users
 from tether.shared import records
 
@@ -160,7 +160,7 @@ def test_job_as_another_user(node: Node, other_user: pwd.struct_passwd) -> None:
     assert job == 1
     j = node.wait_end(job)
     assert (j["state"], j["user"], j["uid"]) == ("completed", other_user.pw_name, other_user.pw_uid)
-    out = os.path.join(work, f"tether-{job}.out")
+    out = default_output(work, job)
     st = os.stat(out)
     assert (st.st_uid, st.st_gid) == (other_user.pw_uid, other_user.pw_gid)
     with open(out) as f:
