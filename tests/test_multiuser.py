@@ -77,7 +77,7 @@ def test_a_users_submission_is_held_to_the_same_checks(node: Node, two: list[Use
     assert res.returncode == 1 and "needs 64 CPUs" in res.stderr
     res = cli_as(alice, node, "submit", "--workdir", node.state, "--", "true")
     assert res.returncode == 1 and "cannot create" in res.stderr, res.stderr
-    assert node.ok("list") == ""
+    assert json.loads(node.ok("list", "--json")) == []
 
 
 # ---- 6 and 9: code planted in a shared working directory ----------------------------------
