@@ -43,7 +43,7 @@ from tether.agent.db import ACTIVE, Job, Store, StoreFull
 from tether.agent.ledger import Allocation, Conflict, Ledger, Request
 from tether.agent.link import Link
 from tether.agent.offload import Offload
-from tether.agent.spawn import SpawnError, spawn_supervisor
+from tether.agent.spawn import Spawner, SpawnError
 from tether.shared import protocol
 from tether.shared.door import Conn, Door, answer
 from tether.shared.errors import RemoteError, TetherError
@@ -58,7 +58,6 @@ HELLO_TIMEOUT = 2.0
 CLAIM_TIMEOUT = 10.0
 WAIT_HOLD = 60.0
 RETRY_UNRESPONSIVE = 5.0
-REATTACH_DEADLINE = 3.0
 #: after a database write failed for want of space, the event is fed again this much later
 RETRY_FULL = 1.0
 
@@ -103,6 +102,10 @@ class Agent:
         self.reserved: set[int] = set()
         self.stopping = False
         self.reattaching: set[int] = set()
+        #: supervisor identities learnt from a hello, written with the claim's "running"
+        self.idents: dict[int, ProcId] = {}
+        #: when the agent started, while some supervisor found at start has not answered yet
+        self.reattach_t0: float | None = None
         #: one machine per job whose attempt is not settled and forgotten (lifecycle.py)
         self.machines: dict[int, lifecycle.Machine] = {}
         #: events waiting for the transition in progress to complete (see ``feed``)
@@ -114,6 +117,10 @@ class Agent:
         self.pidfd_owners: dict[int, Link] = {}
         self.lock_fd = -1
         self.store: Store | None = None
+        self.spawner = Spawner(self.layout, self.timers,
+                               watch=lambda fd: self.poller.register(fd, zmq.POLLIN),
+                               unwatch=self.poller.unregister,
+                               use_template="no-template" not in cfg.faults)
 
     @property
     def db(self) -> Store:
@@ -152,13 +159,12 @@ class Agent:
         self.poller.register(wake_r, zmq.POLLIN)
         t0 = time.monotonic()
         try:
+            self.spawner.ensure_template()
+            # Serve at once: the live supervisors' allocations are back in the ledger and the
+            # dead ones are resolved from disk (all synchronous), and the hello and claim of the
+            # live ones are answered concurrently, in this loop, while requests are served.
             self.reattach()
-            deadline = time.monotonic() + REATTACH_DEADLINE
-            while self.reattaching and time.monotonic() < deadline and not self.stopping:
-                self.step(wake_r, cap_ms=int((deadline - time.monotonic()) * 1000) + 1)
-            if self.reattaching:
-                log.warning("reattach: %d supervisor(s) still unresolved; serving anyway",
-                            len(self.reattaching))
+            self.reattach_t0 = t0 if self.reattaching else None
             self.door = Door(self.layout.sock, self.timers, self.on_request, name="agent door",
                              log=log, on_close=self.on_door_close)
             self.poller.register(self.door.fileno(), zmq.POLLIN)
@@ -175,6 +181,7 @@ class Agent:
 
     def shutdown(self) -> None:
         """Stop serving. Every supervisor and every job keeps running."""
+        self.spawner.close()
         for link in list(self.links.values()):
             link.close()
         if self.door is not None:
@@ -186,6 +193,12 @@ class Agent:
         if self.lock_fd >= 0:
             os.close(self.lock_fd)
         log.info("agent stopped; supervisors and jobs left running")
+
+    def reattach_done(self) -> None:
+        if self.reattach_t0 is not None and not self.reattaching:
+            log.info("reattach: every live supervisor answered %.0f ms after the start",
+                     (time.monotonic() - self.reattach_t0) * 1000)
+            self.reattach_t0 = None
 
     def step(self, wake_r: socket.socket, cap_ms: int | None = None) -> None:
         events = self.poller.poll(self.timers.timeout_ms(time.monotonic(), cap_ms))
@@ -204,6 +217,7 @@ class Agent:
                 self.schedule()
         except Exception:
             log.exception("internal error in a timer or the scheduler")
+        self.reattach_done()
 
     def dispatch_event(self, item: Any, wake_r: socket.socket) -> None:
         if item is wake_r or item == wake_r.fileno():
@@ -212,6 +226,8 @@ class Agent:
             self.door.service()
         elif item == self.offload.fileno():
             self.offload.service()
+        elif isinstance(item, int) and self.spawner.owns(item):
+            self.spawner.readable(item)
         elif isinstance(item, int):
             pid_link = self.pidfd_owners.get(item)
             if pid_link is not None and not pid_link.closed and pid_link.pidfd == item:
@@ -302,7 +318,8 @@ class Agent:
                 "home": user.home, "umask": self.db.umask_of(job.id)}
 
     def launch(self, job: Job) -> None:
-        """Effect ``Spawn`` (L2, L3): feeds ``Spawned`` or ``SpawnFailed``."""
+        """Effect ``Spawn`` (L2, L3): feeds ``Spawned`` (once the supervisor is ready) or
+        ``SpawnFailed``; nothing here waits for the supervisor."""
         rd = self.layout.run_dir(job.id, job.attempt)
         per = job.cpus_per_task
         spec = {
@@ -317,16 +334,27 @@ class Agent:
         }
         try:
             spec.update(self.identity(job))
-            pid = spawn_supervisor(self.layout, rd, spec)
+            self.spawner.spawn(
+                rd, spec,
+                on_pid=lambda pid: log.info("job %d attempt %d: supervisor spawned (pid %d)",
+                                            job.id, job.attempt, pid),
+                # only once it is bound: hello and claim reach it at once (spawn.py)
+                on_ready=lambda: self.feed(job.id, job.attempt, lifecycle.Spawned(pid=0)),
+                on_gone=lambda why: self.spawn_gone(job.id, job.attempt, why))
         except (SpawnError, OSError) as exc:
             log.error("job %d: %s", job.id, exc)
             if os.path.isdir(rd.path) and not fallback.lock_is_free(rd):
                 self.feed(job.id, job.attempt, lifecycle.Spawned(pid=0))  # it did start
             else:
                 self.feed(job.id, job.attempt, lifecycle.SpawnFailed(reason=str(exc)))
-            return
-        log.info("job %d attempt %d: supervisor spawned (pid %d)", job.id, job.attempt, pid)
-        self.feed(job.id, job.attempt, lifecycle.Spawned(pid=pid))
+
+    def spawn_gone(self, job_id: int, attempt: int, why: str) -> None:
+        """The new supervisor ended before it was ready (its ready pipe closed unwritten)."""
+        log.warning("job %d attempt %d: %s", job_id, attempt, why)
+        if fallback.lock_is_free(self.layout.run_dir(job_id, attempt)):
+            self.gone(job_id, attempt, note=why)
+        else:  # someone holds its lock: it lives after all; ask it
+            self.feed(job_id, attempt, lifecycle.Spawned(pid=0))
 
     # ---- the lifecycle: feed events, perform effects ---------------------------------------
 
@@ -375,6 +403,7 @@ class Agent:
             self.reattaching.discard(job_id)
         if new.final and self.machines.get(job_id) is new:
             del self.machines[job_id]
+            self.idents.pop(job_id, None)
             link = self.links.get(job_id)
             if link is not None:
                 self.drop_link(link)
@@ -390,8 +419,11 @@ class Agent:
             elif isinstance(eff, lifecycle.Requeue):
                 self.requeue(m, eff.reason)
             elif isinstance(eff, lifecycle.RecordRunning):
+                ident = self.idents.pop(m.job, None)
+                who = {} if ident is None else {"supervisor_pid": ident.pid,
+                                                "supervisor_ticks": ident.start_ticks}
                 job = self.db.update(m.job, state="running", pids=list(eff.pids),
-                                     started_at=eff.started_at or rfc3339_now())
+                                     started_at=eff.started_at or rfc3339_now(), **who)
                 log.info("job %d attempt %d running: pids %s", m.job, m.attempt, job.pids)
             elif isinstance(eff, lifecycle.RecordPid):
                 if eff.pid > 0:
@@ -506,12 +538,16 @@ class Agent:
             self.by_pidfd[link.pidfd] = link
             self.poller.register(link.pidfd, zmq.POLLIN)
             job = self.db.get_required(link.job)
-            if job.supervisor_pid != ident.pid or job.supervisor_ticks != ident.start_ticks:
+            phase = res["phase"]
+            m = self.machines[link.job]
+            if phase == "ready" and not m.cancel:
+                # A claim follows: its "running" write records the identity too (one commit,
+                # one fsync, fewer on every launch).
+                self.idents[link.job] = ident
+            elif job.supervisor_pid != ident.pid or job.supervisor_ticks != ident.start_ticks:
                 with contextlib.suppress(StoreFull):  # information only
                     self.db.update(job.id, supervisor_pid=ident.pid,
                                    supervisor_ticks=ident.start_ticks)
-            phase = res["phase"]
-            m = self.machines[link.job]
             if phase == "ready" and not m.cancel and "stall-before-claim" in self.cfg.faults:
                 log.warning("job %d: fault injection: not claiming", link.job)
                 return

@@ -497,6 +497,7 @@ TABLE: dict[tuple[State, type], Transition] = {
     (State.STARTING, Spawned): _spawned,
     (State.STARTING, SpawnFailed): _spawn_failed,
     (State.STARTING, CancelRequested): _cancel_later,
+    (State.STARTING, Gone): _gone,  # it ended before it was ready (spawn.py's ready pipe)
     (State.ADOPTING, Conflict): _conflict,
     (State.ADOPTING, Restored): _restored,
     (State.ADOPTING, NoRunDir): _no_run_dir,

@@ -1,75 +1,540 @@
-"""Starting a supervisor detached from the agent (I/O).
+"""Starting supervisors detached from the agent, without ever blocking its loop (I/O).
 
 The agent takes the run directory's lock *before* the spawn and hands the locked fd to the
 supervisor: there is no moment in which a live supervisor's directory looks abandoned, so a
 restarted agent can never take a starting supervisor for a dead one and run its job twice.
 
-Detaching: ``/bin/sh`` is started in a new session and backgrounds the supervisor, printing its
-pid, then exits; the supervisor is re-parented away from the agent (to init or the nearest
-subreaper), in a session of its own, not a session leader, with stdin on /dev/null and stdout and
-stderr appended to ``supervisors.log``. Nothing sent to the agent or its process group reaches it.
+Two ways to start one, both ending in the same process: re-parented away from the agent (to init
+or the nearest subreaper), in a session of its own, not its leader, stdin on /dev/null, stdout
+and stderr appended to ``supervisors.log``; nothing sent to the agent or its process group
+reaches it.
+- **Warm** (``supervisor/template.py``): one request on the template's socket carries the lock,
+  the log and the ready pipe as SCM_RIGHTS fds; the template forks the supervisor and replies
+  with its pid. About 100 times cheaper than a Python start, and the child shares the
+  template's memory pages.
+- **Cold**, when the template is missing or broken (said once in the log): ``/bin/sh`` is
+  started in a new session and backgrounds ``python -I -m tether.supervisor``, printing its pid.
+
+Neither waits: the template's reply, the shell's output and the ready pipe are fds the agent's
+poller watches (``owns``/``readable``). The supervisor writes one byte to the ready pipe once
+its socket is bound; only then does the agent connect, so its hello and claim arrive at once
+instead of at some later reconnect retry of libzmq. EOF on the pipe without that byte means
+the supervisor is gone before it was ready.
+
+Races:
+- The template takes the request but hangs: when it has answered nothing for
+  ``TEMPLATE_TIMEOUT`` (a burst of requests queued behind each other is progress, not a hang),
+  it is killed (it is broken), which also closes its copy of the lock. Lock still held: it did
+  fork the supervisor, which goes on. Lock free: nothing started; the spawn is redone cold.
+- The agent gives up on a request the template then serves: the template checks the connection
+  before forking, and a supervisor still checks that the lock it holds is its run directory's
+  current lock file before it binds anything (``supervisor/__main__.py``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
+import logging
 import os
 import shutil
+import signal
+import socket
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from typing import Any
 
-from tether.shared import records
+from tether.shared import records, template_wire
 from tether.shared.paths import Layout, RunDir
+from tether.shared.procid import ProcId
+from tether.shared.template_wire import TemplateError
+from tether.shared.timers import Timer, Timers
+
+log = logging.getLogger("tether.agent")
 
 _DETACH = '"$@" </dev/null >&2 & echo $!'
+#: How long the detaching shell may take to print the supervisor's pid.
 SPAWN_TIMEOUT = 10.0
+#: How long a live template may take to answer; then it counts as broken and is killed.
+TEMPLATE_TIMEOUT = 2.0
+#: How long a spawned supervisor may take to bind its socket before the agent connects anyway.
+READY_TIMEOUT = 10.0
+#: The least time between two starts of a template that died or hung.
+TEMPLATE_RETRY = 2.0
+#: A template just started needs a moment to import everything: cold spawns while it is alive
+#: and younger than this are expected and not reported.
+TEMPLATE_WARMUP = 5.0
 
 
 class SpawnError(Exception):
     pass
 
 
-def spawn_supervisor(layout: Layout, rd: RunDir, spec: dict[str, Any]) -> int:
-    """Create the run directory, write the spec, start the supervisor; return its pid."""
+OnPid = Callable[[int], None]
+OnReady = Callable[[], None]
+OnGone = Callable[[str], None]
+
+
+class _Spawn:
+    """One supervisor being started: its fds and what to tell the agent."""
+
+    __slots__ = ("rd", "lock_fd", "ready_r", "conn", "proc", "out", "timers", "on_pid",
+                 "on_ready", "on_gone", "env", "umask")
+
+    def __init__(self, rd: RunDir, on_pid: OnPid, on_ready: OnReady, on_gone: OnGone,
+                 env: dict[str, str], umask: int) -> None:
+        self.rd = rd
+        self.lock_fd = -1
+        self.ready_r = -1
+        self.conn: socket.socket | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.out = b""
+        self.timers: list[Timer] = []
+        self.on_pid = on_pid
+        self.on_ready = on_ready
+        self.on_gone = on_gone
+        self.env = env
+        self.umask = umask
+
+
+class Spawner:
+    """Every spawn in flight, and the agent's view of the supervisor template."""
+
+    def __init__(self, layout: Layout, timers: Timers, watch: Callable[[int], None],
+                 unwatch: Callable[[int], None], *, use_template: bool = True) -> None:
+        self.layout = layout
+        self.timers = timers
+        self.watch = watch
+        self.unwatch = unwatch
+        self.by_fd: dict[int, _Spawn] = {}
+        self.use_template = use_template
+        #: why the template cannot be used right now (None: it can), said once per outage
+        self.template_down: str | None = None
+        self.template_started = -1e9
+        self.template_ident: ProcId | None = None
+        #: when the template last answered a request (it is busy, not hung, while this moves)
+        self.template_answered = -1e9
+        self.identity = template_wire.code_identity() if use_template else ""
+
+    # ---- the template ----------------------------------------------------------------------
+
+    def ensure_template(self) -> None:
+        """At agent start: keep a template running this very code, or start one (no wait)."""
+        if not self.use_template:
+            return
+        path = self.layout.template_sock
+        try:
+            reply, ident = _call(path, {"op": "hello"}, TEMPLATE_TIMEOUT)
+        except FileNotFoundError:
+            reply, ident = None, None
+        except (OSError, TemplateError) as exc:
+            log.warning("supervisor template on %s did not answer (%s); replacing it", path, exc)
+            self.kill_template(_peer_ident(path))
+            reply, ident = None, None
+        if reply is not None and reply.get("identity") == self.identity:
+            self.template_ident = ident
+            log.info("supervisor template %s (pid %s) kept", self.identity, reply.get("pid"))
+            return
+        if reply is not None:
+            log.info("supervisor template runs %s, not the installed %s: replacing it",
+                     reply.get("identity"), self.identity)
+            with contextlib.suppress(OSError, TemplateError):
+                _call(path, {"op": "exit", "identity": self.identity}, TEMPLATE_TIMEOUT)
+        self.start_template()
+
+    def start_template(self) -> None:
+        self.template_started = time.monotonic()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.layout.template_sock)  # never talk to a predecessor's leftover
+        try:
+            pid = _detach([sys.executable, "-I", "-m", "tether.supervisor.template",
+                           "--socket", self.layout.template_sock], self.layout, ())
+        except (OSError, SpawnError) as exc:
+            self.template_failed(f"cannot start it: {exc}")
+            return
+        self.template_ident = ProcId.of(pid)
+        log.info("supervisor template starting (pid %d)", pid)
+
+    def template_failed(self, why: str) -> None:
+        if self.template_down is None:
+            log.warning("supervisor template unavailable (%s): starting supervisors cold until "
+                        "it is back", why)
+        self.template_down = why
+
+    def kill_template(self, ident: ProcId | None) -> None:
+        if ident is not None and ident.alive():
+            with contextlib.suppress(OSError):
+                os.kill(ident.pid, signal.SIGKILL)
+
+    def _template_conn(self) -> socket.socket | None:
+        """A connection to the template, or None (and why, once) to go cold."""
+        if not self.use_template:
+            return None
+        now = time.monotonic()
+        if self.template_down is not None and now - self.template_started > TEMPLATE_RETRY:
+            self.start_template()
+        conn = socket.socket(socket.AF_UNIX,
+                             socket.SOCK_SEQPACKET | socket.SOCK_NONBLOCK | socket.SOCK_CLOEXEC)
+        try:
+            conn.connect(self.layout.template_sock)
+        except OSError as exc:
+            conn.close()
+            starting = (self.template_ident is not None and self.template_ident.alive()
+                        and now - self.template_started < TEMPLATE_WARMUP)
+            if not starting:  # (a template still importing is expected, not news)
+                self.template_failed(exc.strerror or str(exc))
+            return None
+        if self.template_down is not None:
+            log.info("supervisor template is back: supervisors start warm again")
+            self.template_down = None
+        return conn
+
+    # ---- spawning --------------------------------------------------------------------------
+
+    def spawn(self, rd: RunDir, spec: dict[str, Any], *, on_pid: OnPid, on_ready: OnReady,
+              on_gone: OnGone) -> None:
+        """Start a supervisor for ``rd``; raise ``SpawnError`` if nothing could be started.
+
+        ``on_pid`` gets its pid, ``on_ready`` is called once its socket is bound (or when
+        ``READY_TIMEOUT`` has passed: the agent then connects and asks), ``on_gone`` if it
+        ended before it was ready. One of the last two, exactly once.
+        """
+        env = {k: v for k, v in os.environ.items()
+               if k.startswith(("PYTHON", "LANG", "LC_", "TETHER_"))}
+        env["PATH"] = os.environ.get("PATH", "/usr/bin:/bin")
+        umask = os.umask(0o022)
+        os.umask(umask)
+        sp = _Spawn(rd, on_pid, on_ready, on_gone, env, umask)
+        _prepare(self.layout, rd, spec)
+        try:
+            self._start(sp)
+        except BaseException:
+            self._close(sp)
+            raise
+
+    def _start(self, sp: _Spawn) -> None:
+        """Lock, ready pipe, then the template or else the shell."""
+        sp.lock_fd = _lock(sp.rd)
+        sp.ready_r, ready_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        try:
+            conn = self._template_conn()
+            if conn is not None and self._send(sp, conn, ready_w):
+                return
+            self._cold(sp, ready_w)
+        finally:
+            os.close(ready_w)
+
+    def _send(self, sp: _Spawn, conn: socket.socket, ready_w: int) -> bool:
+        log_fd = _open_log(self.layout)
+        try:
+            socket.send_fds(conn, [template_wire.spawn_request(sp.rd.path, sp.env, sp.umask)],
+                            [sp.lock_fd, log_fd, ready_w])
+        except (OSError, TemplateError) as exc:
+            conn.close()
+            self.template_failed(f"sending to it failed: {exc}")
+            return False
+        finally:
+            os.close(log_fd)
+        sp.conn = conn
+        self._arm(sp, conn.fileno(), TEMPLATE_TIMEOUT, lambda: self._template_hung(sp))
+        self._arm(sp, sp.ready_r, READY_TIMEOUT, lambda: self._settle(sp, ready=True))
+        return True
+
+    def _cold(self, sp: _Spawn, ready_w: int) -> None:
+        argv = [sys.executable, "-I", "-m", "tether.supervisor", "--run-dir", sp.rd.path,
+                "--lock-fd", str(sp.lock_fd), "--ready-fd", str(ready_w)]
+        log_fd = _open_log(self.layout)
+        try:
+            sp.proc = subprocess.Popen(
+                ["/bin/sh", "-c", _DETACH, "tether-spawn", *argv],
+                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log_fd,
+                pass_fds=(sp.lock_fd, ready_w), start_new_session=True, cwd="/", env=sp.env,
+            )
+        except OSError as exc:
+            raise SpawnError(f"cannot start the supervisor for {sp.rd.path}: {exc}") from None
+        finally:
+            os.close(log_fd)
+        # the shell and the supervisor have their own copies of the lock now
+        os.close(sp.lock_fd)
+        sp.lock_fd = -1
+        assert sp.proc.stdout is not None
+        os.set_blocking(sp.proc.stdout.fileno(), False)
+        self._arm(sp, sp.proc.stdout.fileno(), SPAWN_TIMEOUT, lambda: self._shell_hung(sp))
+        self._arm(sp, sp.ready_r, READY_TIMEOUT, lambda: self._settle(sp, ready=True))
+
+    def _arm(self, sp: _Spawn, fd: int, timeout: float, expire: Callable[[], None]) -> None:
+        self.by_fd[fd] = sp
+        self.watch(fd)
+        sp.timers.append(self.timers.at(time.monotonic() + timeout, expire))
+
+    # ---- events ----------------------------------------------------------------------------
+
+    def owns(self, fd: int) -> bool:
+        return fd in self.by_fd
+
+    def readable(self, fd: int) -> None:
+        sp = self.by_fd.get(fd)
+        if sp is None:
+            return
+        if sp.conn is not None and fd == sp.conn.fileno():
+            self._template_reply(sp)
+        elif sp.proc is not None and sp.proc.stdout is not None and \
+                fd == sp.proc.stdout.fileno():
+            self._shell_output(sp)
+        elif fd == sp.ready_r:
+            try:
+                data = os.read(fd, 16)
+            except BlockingIOError:
+                return
+            self._settle(sp, ready=bool(data))
+
+    def _template_reply(self, sp: _Spawn) -> None:
+        assert sp.conn is not None
+        try:
+            data = sp.conn.recv(template_wire.MAX_MESSAGE)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""  # reset by a dying template: decoded below as "closed"
+        self._drop_conn(sp)
+        self.template_answered = time.monotonic()
+        try:
+            reply = template_wire.decode(data)
+            if not reply.get("ok") or not isinstance(reply.get("pid"), int):
+                raise TemplateError(str(reply.get("error", "no pid in the reply")))
+        except TemplateError as exc:
+            self._template_broke(sp, str(exc))
+            return
+        self._release_lock(sp)
+        sp.on_pid(reply["pid"])
+
+    def _template_hung(self, sp: _Spawn) -> None:
+        if sp.conn is None:
+            return
+        quiet = time.monotonic() - self.template_answered
+        if quiet < TEMPLATE_TIMEOUT:  # busy with the requests queued before this one
+            assert sp.conn is not None
+            sp.timers.append(self.timers.at(time.monotonic() + TEMPLATE_TIMEOUT - quiet,
+                                            lambda: self._template_hung(sp)))
+            return
+        ident = _peer_ident_of(sp.conn)
+        self._drop_conn(sp)
+        self.kill_template(ident)
+        self.template_started = -1e9  # start a new one at the next spawn
+        self._template_broke(sp, f"no answer within {TEMPLATE_TIMEOUT:g}s; killed it")
+
+    def _template_broke(self, sp: _Spawn, why: str) -> None:
+        """The template failed this request: did it fork the supervisor anyway?"""
+        self._release_lock(sp)
+        self.template_failed(why)
+        try:
+            sp.lock_fd = _lock(sp.rd)
+        except BlockingIOError:
+            return  # a supervisor holds the lock: it started; the ready pipe tells the rest
+        except OSError as exc:
+            self._settle(sp, ready=False, why=f"cannot lock {sp.rd.lock} again: {exc}")
+            return
+        # Nothing started: do it cold, with a fresh ready pipe.
+        self._unwatch(sp.ready_r)
+        os.close(sp.ready_r)
+        sp.ready_r = -1
+        for t in sp.timers:
+            t.cancel()
+        sp.timers.clear()
+        log.info("%s: starting its supervisor cold", sp.rd.path)
+        sp.ready_r, ready_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        try:
+            self._cold(sp, ready_w)
+        except SpawnError as exc:
+            self._settle(sp, ready=False, why=str(exc))
+        finally:
+            os.close(ready_w)
+
+    def _shell_output(self, sp: _Spawn) -> None:
+        assert sp.proc is not None and sp.proc.stdout is not None
+        try:
+            chunk = os.read(sp.proc.stdout.fileno(), 64)
+        except BlockingIOError:
+            return
+        if chunk:
+            sp.out += chunk
+            return
+        self._unwatch(sp.proc.stdout.fileno())
+        sp.proc.stdout.close()
+        try:
+            sp.proc.wait(timeout=1.0)  # it printed and closed stdout: it is exiting
+        except subprocess.TimeoutExpired:
+            sp.proc.kill()
+            sp.proc.wait()
+        sp.proc = None
+        if sp.ready_r < 0:
+            self._close(sp)
+        try:
+            pid = int(sp.out.strip())
+        except ValueError:
+            log.error("%s: the shell starting its supervisor printed no pid", sp.rd.path)
+            return  # the ready pipe says whether anything started
+        sp.on_pid(pid)
+
+    def _shell_hung(self, sp: _Spawn) -> None:
+        if sp.proc is None:
+            return
+        log.error("%s: the shell starting its supervisor did not finish within %gs; killed",
+                  sp.rd.path, SPAWN_TIMEOUT)
+        if sp.proc.stdout is not None:
+            self._unwatch(sp.proc.stdout.fileno())
+            sp.proc.stdout.close()
+        sp.proc.kill()
+        sp.proc.wait()
+        sp.proc = None
+
+    def _settle(self, sp: _Spawn, *, ready: bool, why: str | None = None) -> None:
+        """The ready pipe spoke (or timed out): tell the agent, once."""
+        if sp.ready_r < 0:
+            return
+        self._unwatch(sp.ready_r)
+        os.close(sp.ready_r)
+        sp.ready_r = -1
+        if ready:
+            sp.on_ready()
+        else:
+            sp.on_gone(why or "its supervisor exited before it was ready")
+        if sp.conn is None and sp.proc is None:
+            self._close(sp)
+
+    # ---- cleanup ---------------------------------------------------------------------------
+
+    def _drop_conn(self, sp: _Spawn) -> None:
+        if sp.conn is not None:
+            self._unwatch(sp.conn.fileno())
+            sp.conn.close()
+            sp.conn = None
+        if sp.ready_r < 0 and sp.proc is None:
+            self._close(sp)
+
+    def _release_lock(self, sp: _Spawn) -> None:
+        if sp.lock_fd >= 0:
+            os.close(sp.lock_fd)
+            sp.lock_fd = -1
+
+    def _unwatch(self, fd: int) -> None:
+        if self.by_fd.pop(fd, None) is not None:
+            self.unwatch(fd)
+
+    def _close(self, sp: _Spawn) -> None:
+        for t in sp.timers:
+            t.cancel()
+        sp.timers.clear()
+        if sp.conn is not None:
+            self._unwatch(sp.conn.fileno())
+            sp.conn.close()
+            sp.conn = None
+        if sp.proc is not None:
+            if sp.proc.stdout is not None:
+                self._unwatch(sp.proc.stdout.fileno())
+                sp.proc.stdout.close()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                sp.proc.wait(timeout=1.0)
+            sp.proc = None
+        if sp.ready_r >= 0:
+            self._unwatch(sp.ready_r)
+            os.close(sp.ready_r)
+            sp.ready_r = -1
+        self._release_lock(sp)
+
+    def close(self) -> None:
+        """The agent stops: drop every fd. Supervisors started or starting carry on."""
+        for sp in {id(s): s for s in self.by_fd.values()}.values():
+            self._close(sp)
+        self.by_fd.clear()
+
+
+# ---- helpers ----------------------------------------------------------------------------------
+
+
+def _prepare(layout: Layout, rd: RunDir, spec: dict[str, Any]) -> None:
+    """Create the run directory and write the spec before anything starts."""
     os.makedirs(layout.run_root, mode=0o755, exist_ok=True)
     if os.path.lexists(rd.path):  # left by a crash before this attempt's spawn
         shutil.rmtree(rd.path)
     os.mkdir(rd.path, 0o711)
     os.mkdir(rd.ctl, 0o700)  # the supervisor's ZeroMQ socket: this uid's only
-    lock_fd = os.open(rd.lock, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                      0o600)
-    log_fd = -1
+    fd = os.open(rd.lock, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                 0o600)
+    os.close(fd)
+    # Not fsync'd (two fsyncs off every launch): its only reader is the supervisor, which a
+    # power cut ends too; the run directory and lock are what a restarted agent looks at.
+    records.atomic_write_json(rd.spec, spec, durable=False)
+
+
+def _lock(rd: RunDir) -> int:
+    """The run directory's lock, taken (``BlockingIOError`` if someone holds it)."""
+    fd = os.open(rd.lock, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
-        fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        records.atomic_write_json(rd.spec, spec)
-        log_fd = os.open(layout.supervisor_log,
-                         os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW,
-                         0o600)
-        env = {k: v for k, v in os.environ.items()
-               if k.startswith(("PYTHON", "LANG", "LC_", "TETHER_"))}
-        env["PATH"] = os.environ.get("PATH", "/usr/bin:/bin")
-        argv = [sys.executable, "-I", "-m", "tether.supervisor", "--run-dir", rd.path,
-                "--lock-fd", str(lock_fd)]
-        try:
-            proc = subprocess.Popen(
-                ["/bin/sh", "-c", _DETACH, "tether-spawn", *argv],
-                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log_fd,
-                pass_fds=(lock_fd,), start_new_session=True, cwd="/", env=env,
-            )
-            out, _ = proc.communicate(timeout=SPAWN_TIMEOUT)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-            raise SpawnError(f"the shell starting the supervisor for {rd.path} did not finish "
-                             f"within {SPAWN_TIMEOUT:g}s") from None
-        except OSError as exc:
-            raise SpawnError(f"cannot start the supervisor for {rd.path}: {exc}") from None
-        try:
-            return int(out.strip())
-        except ValueError:
-            raise SpawnError(f"supervisor spawn for {rd.path} printed no pid") from None
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _open_log(layout: Layout) -> int:
+    return os.open(layout.supervisor_log,
+                   os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+
+
+def _detach(argv: list[str], layout: Layout, pass_fds: tuple[int, ...]) -> int:
+    """Start ``argv`` detached (new session, re-parented away); wait for the shell's pid."""
+    log_fd = _open_log(layout)
+    try:
+        proc = subprocess.Popen(
+            ["/bin/sh", "-c", _DETACH, "tether-spawn", *argv],
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log_fd,
+            pass_fds=pass_fds, start_new_session=True, cwd="/",
+            env={k: v for k, v in os.environ.items()
+                 if k.startswith(("PYTHON", "LANG", "LC_", "TETHER_", "PATH"))},
+        )
     finally:
-        os.close(lock_fd)
-        if log_fd >= 0:
-            os.close(log_fd)
+        os.close(log_fd)
+    try:
+        out, _ = proc.communicate(timeout=SPAWN_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        raise SpawnError(f"the detaching shell did not finish within {SPAWN_TIMEOUT:g}s") \
+            from None
+    try:
+        return int(out.strip())
+    except ValueError:
+        raise SpawnError("the detaching shell printed no pid") from None
+
+
+def _call(path: str, req: dict[str, Any], timeout: float) -> tuple[dict[str, Any], ProcId | None]:
+    """One blocking request to the template (agent start-up only)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC) as s:
+        s.settimeout(timeout)
+        s.connect(path)
+        ident = _peer_ident_of(s)
+        s.send(template_wire.encode(req))
+        return template_wire.decode(s.recv(template_wire.MAX_MESSAGE)), ident
+
+
+def _peer_ident_of(conn: socket.socket) -> ProcId | None:
+    """The identity of the process that bound the socket ``conn`` is connected to."""
+    try:
+        creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
+    except OSError:
+        return None
+    return ProcId.of(int.from_bytes(creds[0:4], sys.byteorder))
+
+
+def _peer_ident(path: str) -> ProcId | None:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC) as s:
+        s.settimeout(0.5)
+        try:
+            s.connect(path)
+        except OSError:
+            return None
+        return _peer_ident_of(s)

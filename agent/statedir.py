@@ -22,8 +22,8 @@ import os
 import stat
 
 #: What the agent keeps directly in its state directory.
-ENTRIES = ("agent.lock", "agent.sock", "tether.db", "tether.db-wal", "tether.db-shm",
-           "supervisors.log", "run")
+ENTRIES = ("agent.lock", "agent.sock", "template.sock", "tether.db", "tether.db-wal",
+           "tether.db-shm", "supervisors.log", "run")
 
 
 class UnsafeStateDir(Exception):

@@ -4,6 +4,7 @@
     <state_dir>/agent.sock          the agent's door (plain AF_UNIX, any local user), for the CLI
     <state_dir>/tether.db           SQLite: intent and history (agent only)
     <state_dir>/supervisors.log     supervisors' stderr, appended
+    <state_dir>/template.sock       the warm supervisor template (SOCK_SEQPACKET, 0600)
     <state_dir>/run/<job>.<attempt>/
         lock       flock: taken by the agent before spawning, inherited and held by the supervisor
         spec.json  what to run, written by the agent before the spawn
@@ -21,7 +22,8 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
+
+from tether.shared.frozen import Frozen
 
 #: sizeof(sockaddr_un.sun_path) - 1 on Linux; libzmq refuses longer ipc paths.
 IPC_PATH_MAX = 107
@@ -50,11 +52,14 @@ def endpoint(path: str) -> str:
     return "ipc://" + check_ipc_path(path)
 
 
-@dataclass(frozen=True, slots=True)
-class RunDir:
+class RunDir(Frozen):
+    __slots__ = ("path", "job", "attempt")
     path: str
     job: int
     attempt: int
+
+    def __init__(self, path: str, job: int, attempt: int) -> None:
+        self._init(path=path, job=job, attempt=attempt)
 
     @property
     def lock(self) -> str:
@@ -90,9 +95,12 @@ class RunDir:
         return os.path.join(self.path, "exit.json")
 
 
-@dataclass(frozen=True, slots=True)
-class Layout:
+class Layout(Frozen):
+    __slots__ = ("state_dir",)
     state_dir: str
+
+    def __init__(self, state_dir: str) -> None:
+        self._init(state_dir=state_dir)
 
     @property
     def lock(self) -> str:
@@ -105,6 +113,10 @@ class Layout:
     @property
     def db(self) -> str:
         return os.path.join(self.state_dir, "tether.db")
+
+    @property
+    def template_sock(self) -> str:
+        return os.path.join(self.state_dir, "template.sock")
 
     @property
     def supervisor_log(self) -> str:

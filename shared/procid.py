@@ -8,9 +8,13 @@ zero. A zombie still has a /proc entry, so a process in state Z or X counts as d
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import Any
+
+from tether.shared.frozen import Frozen
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # annotations only: typing costs a client's start ~5 ms
+    from collections.abc import Iterator
+    from typing import Any
 
 _BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
 _boot_id: str | None = None
@@ -24,14 +28,19 @@ def boot_id() -> str:
     return _boot_id
 
 
-@dataclass(frozen=True, slots=True)
-class ProcStat:
+class ProcStat(Frozen):
+    __slots__ = ("pid", "state", "ppid", "pgrp", "session", "start_ticks")
     pid: int
     state: str
     ppid: int
     pgrp: int
     session: int
     start_ticks: int
+
+    def __init__(self, *, pid: int, state: str, ppid: int, pgrp: int, session: int,
+                 start_ticks: int) -> None:
+        self._init(pid=pid, state=state, ppid=ppid, pgrp=pgrp, session=session,
+                   start_ticks=start_ticks)
 
     @property
     def dead(self) -> bool:
@@ -65,11 +74,14 @@ def start_ticks(pid: int) -> int | None:
     return None if st is None else st.start_ticks
 
 
-@dataclass(frozen=True, slots=True)
-class ProcId:
+class ProcId(Frozen):
+    __slots__ = ("boot_id", "pid", "start_ticks")
     boot_id: str
     pid: int
     start_ticks: int
+
+    def __init__(self, boot_id: str, pid: int, start_ticks: int) -> None:
+        self._init(boot_id=boot_id, pid=pid, start_ticks=start_ticks)
 
     @classmethod
     def of(cls, pid: int) -> ProcId | None:

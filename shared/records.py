@@ -33,7 +33,9 @@ def fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-def atomic_write_json(path: str, obj: Any, mode: int = 0o600) -> None:
+def atomic_write_json(path: str, obj: Any, mode: int = 0o600, *, durable: bool = True) -> None:
+    """Replace ``path`` atomically. ``durable=False`` skips both fsyncs: for a file whose only
+    readers die with the machine, so that losing it in a power cut changes no decision."""
     directory = os.path.dirname(path) or "."
     tmp = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.tmp")
     data = json.dumps(obj, sort_keys=True, indent=1).encode() + b"\n"
@@ -47,14 +49,16 @@ def atomic_write_json(path: str, obj: Any, mode: int = 0o600) -> None:
         while view:
             view = view[os.write(fd, view):]
         os.fchmod(fd, mode)
-        os.fsync(fd)
+        if durable:
+            os.fsync(fd)
     except BaseException:
         os.close(fd)
         os.unlink(tmp)
         raise
     os.close(fd)
     os.rename(tmp, path)
-    fsync_dir(directory)
+    if durable:
+        fsync_dir(directory)
 
 
 def read_json(path: str, *, max_bytes: int = MAX_RECORD) -> dict[str, Any]:

@@ -30,6 +30,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="tether-supervisor")
     parser.add_argument("--run-dir", required=True)
     parser.add_argument("--lock-fd", type=int, required=True)
+    parser.add_argument("--ready-fd", type=int, default=-1,
+                        help="pipe to write one byte to once the socket is bound")
+    parser.add_argument("--warm", action="store_true",
+                        help="forked from the supervisor template (said in the log)")
     args = parser.parse_args(argv)
     name = os.path.basename(os.path.normpath(args.run_dir))
     try:
@@ -48,8 +52,16 @@ def main(argv: list[str] | None = None) -> int:
         # the same open file is a no-op that proves we really hold it.
         fcntl.flock(args.lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         os.set_inheritable(args.lock_fd, False)
+        if args.ready_fd >= 0:
+            os.set_inheritable(args.ready_fd, False)
+        held, on_disk = os.fstat(args.lock_fd), os.stat(rd.lock, follow_symlinks=False)
     except OSError as exc:
         log.error("run directory lock (fd %d) is not ours: %s", args.lock_fd, exc)
+        return 2
+    if (held.st_dev, held.st_ino) != (on_disk.st_dev, on_disk.st_ino):
+        # A spawn the agent gave up on and redid: that attempt's run directory was made anew,
+        # and its own supervisor owns the socket.
+        log.error("the lock we were handed is no longer %s; not starting", rd.lock)
         return 2
     try:
         spec = records.read_spec(rd.spec)
@@ -71,7 +83,9 @@ def main(argv: list[str] | None = None) -> int:
             if event == "import":
                 log.error("late import of %s after start-up", details[0])
         sys.addaudithook(audit)
-    return Supervisor(rd, spec, args.lock_fd).run()
+    sup = Supervisor(rd, spec, args.lock_fd, args.ready_fd)
+    sup.start_kind = "warm" if args.warm else "cold"
+    return sup.run()
 
 
 if __name__ == "__main__":

@@ -84,10 +84,16 @@ class Follow:
 
 
 class Supervisor:
-    def __init__(self, rd: RunDir, spec: dict[str, Any], lock_fd: int) -> None:
+    def __init__(self, rd: RunDir, spec: dict[str, Any], lock_fd: int,
+                 ready_fd: int = -1) -> None:
         self.rd = rd
         self.spec = spec
         self.lock_fd = lock_fd
+        #: the agent's ready pipe: one byte once the socket is bound, so that the agent connects
+        #: then, and its hello and claim arrive at once rather than at a reconnect retry
+        self.ready_fd = ready_fd
+        #: "warm" (forked from the template) or "cold" (a Python start of its own)
+        self.start_kind = "cold"
         self.step = Step(job=rd.job, attempt=rd.attempt, ntasks=spec["ntasks"])
         self.pmi: PmiServer | None = None
         self.channels: PmiChannels | None = None
@@ -156,11 +162,14 @@ class Supervisor:
         self.door = Door(self.rd.sock, self.timers, self.on_door_request, name="supervisor door",
                          log=log, on_close=self.on_door_close,
                          privileged=frozenset({0, os.getuid(), int(self.spec["agent_uid"])}))
+        # The agent may connect now: its hello is queued by ZeroMQ while the manifest's fsyncs
+        # run, and answered after them (the manifest's "ready" is not something it waits for).
+        self.signal_ready()
         self.write_manifest()
         self.claim_timer = self.timers.at(
             time.monotonic() + float(self.spec["claim_timeout"]), self.claim_expired)
-        log.info("ready on %s; waiting up to %gs for the agent's claim", self.rd.sock,
-                 self.spec["claim_timeout"])
+        log.info("ready on %s (%s start); waiting up to %gs for the agent's claim",
+                 self.rd.sock, self.start_kind, self.spec["claim_timeout"])
         poller = self.poller
         poller.register(self.router, zmq.POLLIN)
         poller.register(wake_r, zmq.POLLIN)
@@ -194,6 +203,16 @@ class Supervisor:
                 _unlink(self.rd.ctl_sock)
         log.info("supervisor exits")
         return 0
+
+    def signal_ready(self) -> None:
+        if self.ready_fd < 0:
+            return
+        try:
+            os.write(self.ready_fd, b"r")
+        except OSError as exc:  # the agent went away: a restarted one finds us by the lock
+            log.info("ready pipe: %s", exc)
+        os.close(self.ready_fd)
+        self.ready_fd = -1
 
     def serve(self) -> None:
         """The agent's requests, on the ZeroMQ ROUTER in ctl/."""
@@ -593,7 +612,10 @@ class Supervisor:
             "started_at": self.step.started_at,
         }
         try:
-            records.atomic_write_json(self.rd.manifest, man)
+            # Only "launching" must survive a power cut: it is what says tasks may have run
+            # (lost, never run again). "ready" and no manifest mean the same (never ran), and
+            # "running" adds identities that a reboot makes moot: two fsyncs each, saved.
+            records.atomic_write_json(self.rd.manifest, man, durable=launching)
         except OSError as exc:
             log.error("cannot write the manifest %s: %s", self.rd.manifest, exc)
             return False

@@ -256,11 +256,43 @@ class Node:
                 found.append(st.pid)
         return found
 
+    def template_pids(self) -> list[int]:
+        """The live supervisor template(s) of this state dir (title "tether-template dir=D")."""
+        found = []
+        title = b"tether-template dir=" + self.state.encode()
+        for st in all_processes():
+            if st.dead:
+                continue
+            try:
+                with open(f"/proc/{st.pid}/cmdline", "rb") as f:
+                    if f.read().rstrip(b"\0 ") == title:
+                        found.append(st.pid)
+            except OSError:
+                continue
+        return found
+
+    def wait_template(self) -> int:
+        """The supervisor template's pid, once it serves (its 'ready on' line is logged)."""
+        def up() -> int | None:
+            try:
+                with open(self.layout.supervisor_log) as f:
+                    ready = [ln for ln in f if " template[" in ln and " ready on " in ln]
+            except FileNotFoundError:
+                return None
+            for pid in self.template_pids():
+                if any(f" template[{pid}] " in ln for ln in ready):
+                    return pid
+            return None
+        return poll_until(up, 30, "the supervisor template to serve")
+
     def cleanup(self) -> None:
-        """Kill the agent, every supervisor and every process of their sessions."""
+        """Kill the agent, the template, every supervisor and every process of their
+        sessions."""
         if self.agent is not None and self.agent.poll() is None:
             self.agent.kill()
             self.agent.wait()
+        for pid in self.template_pids():
+            _kill(pid)
         sups = self.supervisor_pids()
         sessions = set()
         for pid in sups:

@@ -6,12 +6,20 @@ from __future__ import annotations
 import os
 import signal
 
+import pytest
+
 from tests.helpers import Node
 
 
-def test_supervisor_loads_no_module_after_start_up(node: Node) -> None:
+@pytest.mark.parametrize("start", ["warm", "cold"])
+def test_supervisor_loads_no_module_after_start_up(node: Node, start: str) -> None:
+    """Both ways a supervisor starts: forked from the template, or a Python start of its own."""
     node.env["TETHER_AUDIT_IMPORTS"] = "1"
+    if start == "cold":
+        node.env["TETHER_AGENT_FAULT"] = "no-template"
     node.start()
+    if start == "warm":
+        node.wait_template()
     ok = node.submit("true")
     bad = node.submit("sh", "-c", "exit 4")
     noexec = node.submit("/nonexistent/program")
@@ -28,5 +36,7 @@ def test_supervisor_loads_no_module_after_start_up(node: Node) -> None:
     with open(os.path.join(node.state, "supervisors.log")) as f:
         log = f.read()
     assert "step ended" in log
+    assert f"({start} start)" in log and f"({'cold' if start == 'warm' else 'warm'} start)" \
+        not in log
     late = [line for line in log.splitlines() if "late import" in line]
     assert late == [], "supervisors imported modules after start-up:\n" + "\n".join(late)

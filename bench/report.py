@@ -1,0 +1,136 @@
+"""The benchmark's readable report: issue 10's table first, then the details of each part."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def fmt(s: dict[str, Any] | None, unit: str = "ms") -> str:
+    if not s or not s.get("n"):
+        return "-"
+    return (f"median {s['median']} {unit}, p90 {s['p90']} (min {s['min']}, max {s['max']}, "
+            f"n={s['n']})")
+
+
+def med(s: dict[str, Any] | None, unit: str = "ms") -> str:
+    return f"{s['median']} {unit}" if s and s.get("n") else "-"
+
+
+def xpy(part: dict[str, Any] | None, key: str) -> str:
+    return f"{part[key]['x_python']}x py" if part and key in part else "-"
+
+
+def table(r: dict[str, Any]) -> list[str]:
+    """One line per row of the issue's table: Slurm (when measured), tether, goal, reference."""
+    rows: list[tuple[str, str, str, str, str]] = []
+    cli = r.get("cli")
+    if cli:
+        ratio = (f"{cli['tether']['median'] / cli['srun']['median']:.2f}x srun"
+                 if "srun" in cli else "")
+        rows.append(("submit --wait -- true vs srun -N1 -n1 true",
+                     med(cli.get("srun")), med(cli["tether"]) + (f" ({ratio})" if ratio else ""),
+                     "<= 45 ms", f"{xpy(cli, 'tether')}; python {med(cli['python'])}"))
+    sp = r.get("spawn")
+    if sp:
+        rows.append(("supervisor: spawn -> ready", "-",
+                     f"warm {med(sp['warm'])}, cold {med(sp['cold'])}", "<= 10 ms",
+                     f"warm {xpy(sp, 'warm')}, cold {xpy(sp, 'cold')}"))
+    st = r.get("steps")
+    if st:
+        m = st["supervisor_median"]
+        rows.append((f"memory per idle step, {st['steps']} concurrent (PSS, after "
+                     f"{st['idle_s']:g} s)", "-",
+                     f"{m['Pss'] / 1024:.2f} MiB (USS {m['Uss'] / 1024:.2f})", "<= 3 MiB", ""))
+        rows.append((f"steps that fit in {st['mem_total_mib'] / 1024:.1f} GiB", "-",
+                     f"{st['steps_that_fit']:,}", ">= 6,000", "MemTotal / median PSS"))
+        if "restart_median_log_ms" in st:
+            rows.append((f"agent restart -> answering, {st['steps']} live supervisors", "-",
+                         f"{st['restart_median_log_ms']} ms in the agent "
+                         f"({st['restart_median_status_ms']} ms Popen -> status)",
+                         "<= 60 ms @100, <= 400 ms @1,000",
+                         f"{st['restart_median_log_ms'] / st['steps']:.2f} ms per step"))
+        rows.append((f"status while {st['steps']} steps start", "-",
+                     med(st["status_while_starting_ms"]) + f", max "
+                     f"{st['status_while_starting_ms'].get('max')} ms", "< 50 ms (issue 8)",
+                     ""))
+    ins = r.get("inspect")
+    if ins:
+        rows.append(("inspect JOB --json vs scontrol listpids", med(ins.get("scontrol")),
+                     med(ins["tether"]), "<= 25 ms",
+                     f"{xpy(ins, 'tether')}; python {med(ins['python'])}"))
+    tp = r.get("throughput")
+    if tp:
+        rows.append((f"{tp['jobs']} true jobs back to back, in-process", "-",
+                     f"{tp['jobs_per_s']} jobs/s", ">= 100 jobs/s",
+                     f"submit reply {med(tp['submit_reply_ms'])}"))
+    mpi = r.get("mpi")
+    if mpi and "tether" in mpi:
+        rows.append(("MPICH 2-rank hello vs mpiexec -n 2", med(mpi.get("srun")),
+                     f"{med(mpi['tether'])} ({mpi['x_mpiexec']}x mpiexec "
+                     f"{med(mpi['mpiexec'])})", "<= 1.3x mpiexec", xpy(mpi, "tether")))
+    out = ["| figure | Slurm | tether | goal | reference |", "|---|---|---|---|---|"]
+    out += [f"| {a} | {b} | {c} | {d} | {e} |" for a, b, c, d, e in rows]
+    return out
+
+
+def report(r: dict[str, Any]) -> str:
+    out = [
+        "tether benchmark (issue 10)",
+        f"  {r['date']}, {r['host']}, {r['cpus']} CPUs, python {r['python']}",
+        f"  load average at start {r['load_start']}, at end {r.get('load_end')}; "
+        f"Slurm measured: {'yes' if r['slurm'] else 'no (SLURM_CONF unset or no srun)'}",
+        f"  total {r.get('total_s')} s",
+        "",
+        *table(r),
+    ]
+    cli = r.get("cli")
+    if cli:
+        out += ["", f"cli ({cli['argv0']}):"]
+        out += [f"  {k:<8} {fmt(cli[k])}" for k in ("tether", "srun", "python") if k in cli]
+    sp = r.get("spawn")
+    if sp:
+        out += ["", "spawn -> ready (socket bound), no agent:"]
+        out += [f"  {k:<8} {fmt(sp[k])}" for k in ("warm", "cold", "python")]
+    la = r.get("launch")
+    if la:
+        out += ["", f"launch, in-process client ({la['warm_starts']} warm starts):",
+                f"  submit reply          {fmt(la['submit_reply_ms'])}",
+                f"  submit -> running     {fmt(la['submit_to_running_ms'])}",
+                f"    spawned -> ready    {fmt(la['spawned_to_ready_ms'])}",
+                f"    ready -> launched   {fmt(la['ready_to_launched_ms'])} (hello + claim)",
+                f"  submit -> completed   {fmt(la['submit_to_completed_ms'])}"]
+    ins = r.get("inspect")
+    if ins:
+        out += ["", "inspect --json:"]
+        out += [f"  {k:<8} {fmt(ins[k])}" for k in ("tether", "scontrol", "python") if k in ins]
+    tp = r.get("throughput")
+    if tp:
+        out += ["", f"throughput: {tp['jobs']} jobs in {tp['total_s']} s "
+                f"({tp['jobs_per_s']}/s); submits took {tp['submit_all_s']} s, each reply "
+                f"{fmt(tp['submit_reply_ms'])}"]
+    st = r.get("steps")
+    if st:
+        m = st["supervisor_median"]
+        out += ["", f"steps: {st['steps']} running after {st['all_running_s']} s; status "
+                f"while starting {fmt(st['status_while_starting_ms'])}",
+                f"  median supervisor after {st['idle_s']:g} s: Pss {m['Pss']} kB (anon "
+                f"{m['Pss_Anon']}, file {m['Pss_File']}), USS {m['Uss']} kB, VmRSS "
+                f"{m['VmRSS']} kB, {m['Threads']} threads, {m['fds']} fds; sum of Pss "
+                f"{st['supervisors_pss_sum_mib']} MiB",
+                f"  template {st['template']}, agent {st['agent']}"]
+        for i, rd in enumerate(st.get("restarts", []), 1):
+            out.append(f"  restart {i}: {rd}")
+        out.append(f"  same supervisors after the restarts: "
+                   f"{st.get('same_supervisors_after_restarts')}")
+    mpi = r.get("mpi")
+    if mpi:
+        out += ["", "mpi (2 ranks):"]
+        if "skipped" in mpi:
+            out.append(f"  skipped: {mpi['skipped']}")
+        else:
+            out += [f"  {k:<8} {fmt(mpi[k])}" for k in ("tether", "mpiexec", "srun", "python")
+                    if k in mpi]
+    if r.get("error"):
+        out += ["", f"ERROR: {r['error']}"]
+    out.append(f"\ncleanup: {r.get('cleanup', '?')}")
+    return "\n".join(out)

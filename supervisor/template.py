@@ -1,0 +1,258 @@
+"""The warm supervisor template: ``python -I -m tether.supervisor.template --socket PATH``.
+
+Theory of operation. A cold supervisor spends ~85 ms starting Python and importing; this process
+pays that once. It imports everything a supervisor ever loads, creates no ZeroMQ context and no
+thread, moves every object it made into the permanent GC generation (``gc.freeze``: the
+collector then never writes to those pages, so forked children keep sharing them), and waits on
+a ``SOCK_SEQPACKET`` socket only its own uid can use (0600 file, ``SO_PEERCRED`` checked). For
+each spawn request (the run directory, the supervisor's environment and umask; the run-dir lock,
+``supervisors.log`` and the ready pipe as SCM_RIGHTS fds) it forks twice, exactly as the cold
+path's detaching shell does: the first child starts a new session and forks the supervisor,
+which is thus re-parented away (to init or the nearest subreaper), in a session of its own and
+not its leader. The first child reports the supervisor's pid through a pipe and exits; the
+template reaps it and replies with the pid.
+
+What a supervisor must not inherit from here, and how it is prevented (``become_supervisor``):
+- fds: every fd but stdin (/dev/null), stdout and stderr (the log), the lock and the ready pipe
+  is closed, the template's socket and the request's connection included;
+- locks: the template has one thread, so no lock can be held by another thread at fork time;
+- threads: none exist to be lost (the fork-safety test checks ``Threads: 1``);
+- random state: ``random`` is reseeded from the kernel, and so is libc's ``rand()``, which
+  libzmq uses for ROUTER peer ids and never seeds itself (unforked supervisors all start from
+  glibc's default seed; these get distinct, unguessable sequences);
+- environment, umask, cwd, signal dispositions: set from the request, ``/`` and the defaults.
+
+Running supervisors never depend on the template: they share nothing with it after the fork.
+The template leaves when asked (an agent of another code identity replaces it) and when its
+socket path no longer names its socket (the state directory was removed), checked every
+``CHECK_INTERVAL`` seconds while idle.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import ctypes.util
+import gc
+import logging
+import os
+import random
+import select
+import signal
+import socket
+import sys
+
+import setproctitle
+
+import tether.supervisor.__main__ as entry
+import tether.supervisor.pmi_io  # noqa: F401  (everything a supervisor may load, loaded now)
+from tether.shared import template_wire
+from tether.shared.template_wire import TemplateError
+
+log = logging.getLogger("tether.template")
+
+#: How often an idle template checks that its socket is still the one on disk.
+CHECK_INTERVAL = 30.0
+#: A request must arrive whole within this long after the connection is accepted.
+REQUEST_TIMEOUT = 2.0
+#: Exit status of a forked supervisor that failed before its own ``main`` could report.
+EXIT_SETUP_FAILED = 70
+
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+_libc.srand.argtypes = [ctypes.c_uint]
+_libc.srand.restype = None
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="tether-template")
+    p.add_argument("--socket", required=True)
+    args = p.parse_args(argv)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter(
+        f"%(asctime)s template[{os.getpid()}] %(levelname)s %(message)s"))
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    log.propagate = False
+    # The detaching shell started us as a background job: SIGINT and SIGQUIT arrive ignored.
+    for sig in (signal.SIGINT, signal.SIGQUIT):
+        signal.signal(sig, signal.SIG_DFL)
+    identity = template_wire.code_identity()
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(args.socket)
+    old = os.umask(0o077)
+    try:
+        sock.bind(args.socket)
+    finally:
+        os.umask(old)
+    sock.listen(1024)  # a burst of submits queues here, answered in order
+    inode = os.stat(args.socket).st_ino
+    setproctitle.setproctitle(f"tether-template dir={os.path.dirname(args.socket)}")
+    log.info("supervisor template %s ready on %s", identity, args.socket)
+    sys.stderr.flush()
+    gc.collect()
+    gc.freeze()  # from here on the collector leaves the imported world's pages alone
+    sock.settimeout(CHECK_INTERVAL)
+    while True:
+        try:
+            conn, _ = sock.accept()
+        except TimeoutError:
+            if not _still_ours(args.socket, inode):
+                log.info("%s is no longer this template's socket; exiting", args.socket)
+                return 0
+            continue
+        try:
+            if serve(conn, identity) == "exit":
+                log.info("asked to leave by an agent running other code; exiting")
+                with contextlib.suppress(OSError):
+                    if _still_ours(args.socket, inode):
+                        os.unlink(args.socket)
+                return 0
+        except Exception:  # one bad request must not take the template down
+            log.exception("internal error while serving a request")
+        finally:
+            conn.close()
+
+
+def _still_ours(path: str, inode: int) -> bool:
+    try:
+        return os.stat(path).st_ino == inode
+    except OSError:
+        return False
+
+
+def serve(conn: socket.socket, identity: str) -> str:
+    """Answer one request; return its op."""
+    conn.settimeout(REQUEST_TIMEOUT)
+    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
+    uid = int.from_bytes(creds[4:8], sys.byteorder)
+    if uid != os.getuid():
+        log.warning("refused a connection from uid %d", uid)
+        return "refused"
+    data, fds, _, _ = socket.recv_fds(conn, template_wire.MAX_MESSAGE, template_wire.SPAWN_FDS)
+    try:
+        try:
+            req = template_wire.decode(data)
+        except TemplateError as exc:
+            _reply(conn, {"ok": False, "error": str(exc)})
+            return "bad"
+        op = req.get("op")
+        if op == "hello":
+            _reply(conn, {"ok": True, "identity": identity, "pid": os.getpid()})
+        elif op == "exit":
+            if req.get("identity") == identity:
+                _reply(conn, {"ok": False, "error": "this template runs that very code"})
+                return "bad"
+            _reply(conn, {"ok": True})
+        elif op == "spawn":
+            try:
+                run_dir, env, umask = template_wire.check_spawn(req)
+                if len(fds) != template_wire.SPAWN_FDS:
+                    raise TemplateError(f"spawn needs {template_wire.SPAWN_FDS} fds, "
+                                        f"got {len(fds)}")
+                if _peer_gone(conn):
+                    # The agent gave up waiting and will start this run directory cold: a
+                    # supervisor forked now would compete with that one for its socket.
+                    raise TemplateError("the agent closed the connection before the fork")
+                pid = fork_supervisor(run_dir, env, umask, fds)
+            except (TemplateError, OSError) as exc:
+                log.warning("spawn for %s refused: %s", req.get("run_dir"), exc)
+                _reply(conn, {"ok": False, "error": str(exc)})
+            else:
+                _reply(conn, {"ok": True, "pid": pid})
+        else:
+            _reply(conn, {"ok": False, "error": f"unknown op {op!r}"})
+        return str(op)
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def _reply(conn: socket.socket, obj: dict[str, object]) -> None:
+    with contextlib.suppress(OSError):  # the agent gave up: it decides from the lock
+        conn.send(template_wire.encode(obj))
+
+
+def _peer_gone(conn: socket.socket) -> bool:
+    poller = select.poll()
+    poller.register(conn, select.POLLIN | select.POLLRDHUP)
+    return any(ev & (select.POLLHUP | select.POLLRDHUP | select.POLLERR)
+               for _, ev in poller.poll(0))
+
+
+def fork_supervisor(run_dir: str, env: dict[str, str], umask: int, fds: list[int]) -> int:
+    """Fork twice; the grandchild becomes the supervisor. Returns its pid."""
+    lock_fd, log_fd, ready_fd = fds
+    r, w = os.pipe()
+    sys.stderr.flush()
+    first = os.fork()
+    if first == 0:  # pragma: no cover (runs in the child)
+        try:
+            os.close(r)
+            os.setsid()
+            pid = os.fork()
+            if pid == 0:
+                os.close(w)
+                become_supervisor(run_dir, env, umask, lock_fd, log_fd, ready_fd)
+            os.write(w, str(pid).encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    try:
+        data = os.read(r, 32)
+    finally:
+        os.close(r)
+        os.waitpid(first, 0)
+    if not data:
+        raise TemplateError("the intermediate child exited before it forked the supervisor")
+    return int(data)
+
+
+def become_supervisor(run_dir: str, env: dict[str, str], umask: int, lock_fd: int,
+                      log_fd: int, ready_fd: int) -> None:
+    """In the forked supervisor: shed what belongs to the template, then run the step."""
+    rc = EXIT_SETUP_FAILED
+    try:
+        after_fork(keep=(lock_fd, ready_fd), log_fd=log_fd)
+        os.chdir("/")
+        os.umask(umask)
+        os.environ.clear()
+        os.environ.update(env)
+        rc = entry.main(["--run-dir", run_dir, "--lock-fd", str(lock_fd),
+                         "--ready-fd", str(ready_fd), "--warm"])
+    except SystemExit as exc:
+        rc = exc.code if isinstance(exc.code, int) else EXIT_SETUP_FAILED
+    except BaseException:
+        with contextlib.suppress(Exception):
+            logging.getLogger("tether.supervisor").exception("forked supervisor failed")
+    finally:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(rc)
+
+
+def after_fork(*, keep: tuple[int, ...], log_fd: int) -> None:
+    """Make a fresh process of a forked template child (see the module's docstring)."""
+    devnull = os.open(os.devnull, os.O_RDWR)
+    os.dup2(devnull, 0)
+    os.dup2(log_fd, 1)
+    os.dup2(log_fd, 2)
+    # every other fd goes: the template's socket, the request's connection, the log's dup
+    low = 3
+    for fd in sorted(k for k in keep if k >= 3):
+        os.closerange(low, fd)
+        low = fd + 1
+    os.closerange(low, os.sysconf("SC_OPEN_MAX"))
+    for fd in keep:
+        os.set_inheritable(fd, False)
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT, signal.SIGHUP, signal.SIGCHLD):
+        signal.signal(sig, signal.SIG_DFL)
+    random.seed()
+    _libc.srand(int.from_bytes(os.urandom(4), sys.byteorder))
+    log.handlers.clear()  # the supervisor logs through the root logger, set up by its main
+
+
+if __name__ == "__main__":
+    sys.exit(main())
