@@ -225,6 +225,14 @@ def start_attack(bob: User, *args: str) -> subprocess.Popen[str]:
                             text=True, cwd="/", env=dict(env, PATH="/usr/bin:/bin"))
 
 
+#: A job that ends (printing "end") once the test opens its gate.
+GATED = "while [ ! -e go ]; do sleep 0.05; done; echo end"
+
+
+def open_gate(node: Node, alice: User) -> None:
+    open(os.path.join(node.dir, alice.name, "go"), "w").close()
+
+
 def stop(p: subprocess.Popen[str]) -> None:
     if p.poll() is None:
         p.kill()
@@ -255,11 +263,12 @@ def ends_well(node: Node, job: int, sup: int, expect: str) -> None:
 def test_attack1_proposed_routing_ids_cannot_abort_a_supervisor(node: Node,
                                                                 two: list[User]) -> None:
     alice, bob = two
-    job, sup, door = running_job(node, alice, "sleep 6; echo end")
+    job, sup, door = running_job(node, alice, GATED)
     res = attack(bob, "zmq-ids", door, "3")
     assert res.returncode == 0 and "done" in res.stdout, res.stderr
     assert "reached ctl" not in res.stdout, "another user reached the supervisor's ZeroMQ socket"
     assert node.job(job)["state"] == "running"
+    open_gate(node, alice)
     ends_well(node, job, sup, "end\n")
 
 
@@ -295,7 +304,7 @@ with connect(int(sys.argv[1]), state_dir=sys.argv[2]) as step:
 
 def test_attack3_a_connection_flood_is_capped(node: Node, two: list[User]) -> None:
     alice, bob = two
-    job, sup, door = running_job(node, alice, "sleep 5; echo end")
+    job, sup, door = running_job(node, alice, GATED)
     # a common soft limit (systemd's default): the flood must not exhaust it
     resource.prlimit(sup, resource.RLIMIT_NOFILE, (1024, 1024))
     flood = start_attack(bob, "conns", door, "1200", "8")
@@ -312,24 +321,26 @@ def test_attack3_a_connection_flood_is_capped(node: Node, two: list[User]) -> No
     finally:
         stop(flood)
     assert open_fds < 200, f"the supervisor holds {open_fds} fds for {held} connections"
+    open_gate(node, alice)
     ends_well(node, job, sup, "end\n")
 
 
 def test_attack4_bad_requests_are_logged_briefly(node: Node, two: list[User]) -> None:
     alice, bob = two
-    job, sup, door = running_job(node, alice, "sleep 4; echo end")
+    job, sup, door = running_job(node, alice, GATED)
     log = os.path.join(node.state, "supervisors.log")
     before = os.path.getsize(log)
     res = attack(bob, "zmq-bigfields", door, "30")
     assert res.returncode == 0, res.stderr
     grown = os.path.getsize(log) - before
     assert grown < 20_000, f"30 bad requests of 1 MB grew the log by {grown} bytes"
+    open_gate(node, alice)
     ends_well(node, job, sup, "end\n")
 
 
 def test_attack5_unread_replies_do_not_grow_a_supervisor(node: Node, two: list[User]) -> None:
     alice, bob = two
-    job, sup, door = running_job(node, alice, "sleep 6; echo end")
+    job, sup, door = running_job(node, alice, GATED)
     before = rss_kb(sup)
     # 400 requests of 0.5 MB, each answered by an error that echoes it, never read
     attacker = start_attack(bob, "zmq-unread", door, str(200 << 20), "5", "3")
@@ -342,6 +353,7 @@ def test_attack5_unread_replies_do_not_grow_a_supervisor(node: Node, two: list[U
     finally:
         stop(attacker)
     assert grown < 64, f"the supervisor grew by {grown} MB"
+    open_gate(node, alice)
     ends_well(node, job, sup, "end\n")
 
 
