@@ -121,7 +121,7 @@ class Client:
             except Unreachable:
                 # A ZeroMQ peer may reset the connection over our frame before we read its
                 # greeting: on a fresh connection's failure, listen first, send nothing.
-                if fresh and self._greets_in_zmtp(deadline):
+                if fresh and self._first_words(deadline):
                     raise _Zmtp() from None
                 raise
         except _Zmtp:
@@ -183,18 +183,37 @@ class Client:
             if reply is not None:
                 return reply.unwrap()
 
-    def _greets_in_zmtp(self, deadline: float) -> bool:
-        """Does the peer speak first, in ZMTP? (A door never speaks first.)"""
+    def _first_words(self, deadline: float) -> bool:
+        """What the peer says unasked on a new connection: True for a ZMTP greeting (a 0.1
+        daemon); a door's one refusal frame (``busy``) is raised as the ``RemoteError`` it
+        is; anything else, nothing (False): the caller's error stands."""
         self.close()
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        d = framing.Deframer()
         try:
             s.settimeout(max(0.01, min(0.5, deadline - time.monotonic())))
             s.connect(self.path)
-            return framing.looks_like_zmtp(s.recv(1))
-        except OSError:
+            while True:
+                data = s.recv(1 << 16)
+                if not data:
+                    return False
+                if framing.looks_like_zmtp(data) and not d.buffered:
+                    return True
+                d.feed(data)
+                payload = d.next()
+                if payload is not None:
+                    break
+        except (OSError, framing.FrameTooLarge):
             return False
         finally:
             s.close()
+        try:
+            reply = protocol.decode_reply(payload)
+        except TetherError:
+            return False
+        if reply.id is None and not reply.ok:
+            reply.unwrap()  # raises RemoteError: busy, say
+        return False
 
     def _maybe_zmtp(self) -> None:
         if framing.looks_like_zmtp(bytes(self._deframer.buf[:1])):

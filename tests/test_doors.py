@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.helpers import Node, foreign_python
-from tests.userkit import User, home_for, made_users, ok_as, rss_kb, run_as, shared
+from tests.userkit import User, cli_as, home_for, made_users, ok_as, rss_kb, run_as, shared
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as other users")
 
@@ -317,6 +317,9 @@ def test_attack3_a_connection_flood_is_capped(node: Node, two: list[User]) -> No
         assert json.loads(ok_as(alice, node, "inspect", str(job), "--json"))["state"] == \
             "running"
         assert json.loads(node.ok("inspect", str(job), "--json"))["state"] == "running"
+        # and the flooder's own next connection is told why, in one line
+        res = cli_as(bob, node, "inspect", str(job))
+        assert res.returncode == 1 and "holds 64 connections" in res.stderr, res.stderr
         open_fds = len(os.listdir(f"/proc/{sup}/fd"))
     finally:
         stop(flood)
