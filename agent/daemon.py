@@ -250,7 +250,7 @@ class Agent:
 
     def on_request(self, conn: Conn, req: protocol.Request) -> None:
         answer(lambda: api.dispatch(self, conn, req), req, conn,
-               lambda r: self.reply(conn, r), log, api.PENDING)
+               lambda r: self.reply(conn, r), log, api.PENDING, self.door)
 
     def reserve_id(self) -> int:
         """The id the next recorded job gets, held until ``release_id``. A refused submission

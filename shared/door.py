@@ -397,12 +397,16 @@ class Door:
         self.send(conn, protocol.error(rid, err))
 
     def _bad_log(self, conn: Conn, message: str) -> None:
+        self.note(conn, f"bad request from {conn}: {clip(message)}")
+
+    def note(self, conn: Conn, line: str) -> None:
+        """Log ``line`` about what ``conn`` sent: once per connection per second, and at most
+        ~10 lines a second in all (a peer that reconnects for every bad frame gets no more)."""
         now = time.monotonic()
-        # once per connection per second, and at most ~10 lines a second in all (a peer that
-        # reconnects for every bad frame gets no more)
         if now - conn.last_bad_log >= 1.0 and self._log_token(now):
             conn.last_bad_log = now
-            self.log.warning("%s: bad request from %s: %s", self.name, conn, clip(message))
+            self.log.warning("%s: %s", self.name, line if str(conn) in line
+                             else f"{line} ({conn})")
 
     def _log_token(self, now: float) -> bool:
         tokens, when = self.log_bucket
@@ -515,16 +519,20 @@ class Door:
 
 def answer(call: Callable[[], object], req: protocol.Request, peer: object,
            reply: Callable[[protocol.Reply], None], log: logging.Logger,
-           pending: object) -> None:
+           pending: object, door: Door | None = None) -> None:
     """Run one request's handler and answer it: its result (unless it is ``pending``: a long
     poll answers later), its ``TetherError``, or, for a bug, "internal error" (the traceback
-    is logged, never sent). Refusals are logged with the peer, clipped."""
+    is logged, never sent). Refusals are logged with the peer, clipped, and for a door's peer
+    no more often than its bad requests."""
     try:
         result = call()
     except TetherError as exc:
         if exc.code == "permission_denied":
-            log.warning("refused %s from %s: %s", clip(repr(req.kind), 60), peer,
-                        clip(exc.message))
+            line = f"refused {clip(repr(req.kind), 60)}: {clip(exc.message)}"
+            if door is not None and isinstance(peer, Conn):
+                door.note(peer, line)
+            else:
+                log.warning("%s from %s", line, peer)
         reply(protocol.error(req.id, exc))
         return
     except Exception:  # a bug must never take the daemon down with it

@@ -230,7 +230,7 @@ class Supervisor:
     def handle(self, peer: Peer, req: protocol.Request) -> None:
         """One request from either transport: the same verbs, the same authorization."""
         answer(lambda: handlers.dispatch(self, peer, req), req, peer,
-               lambda r: self.reply(peer, r), log, handlers.PENDING)
+               lambda r: self.reply(peer, r), log, handlers.PENDING, self.door)
 
     def reply(self, peer: Peer, reply: protocol.Reply) -> None:
         if isinstance(peer, Conn):
