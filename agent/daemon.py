@@ -31,8 +31,9 @@ import signal
 import socket
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import zmq
 
@@ -51,6 +52,9 @@ from tether.shared.parking import Lot
 from tether.shared.paths import Layout, RunDir
 from tether.shared.procid import ProcId
 from tether.shared.timers import Timers, rfc3339_now
+
+if TYPE_CHECKING:
+    from tether.agent.cluster import ClusterConfig, ClusterNode
 
 log = logging.getLogger("tether.agent")
 
@@ -73,6 +77,7 @@ class AgentConfig:
     claim_timeout: float = 120.0
     linger: float = 3600.0
     faults: frozenset[str] = field(default_factory=frozenset)
+    cluster: ClusterConfig | None = None
 
 
 class AgentError(Exception):
@@ -121,6 +126,12 @@ class Agent:
                                watch=lambda fd: self.poller.register(fd, zmq.POLLIN),
                                unwatch=self.poller.unregister,
                                use_template="no-template" not in cfg.faults)
+        #: other fds in the poller and what to call when they are readable (the cluster's)
+        self.extra_fds: dict[int, Callable[[], None]] = {}
+        self.cluster: ClusterNode | None = None
+        if cfg.cluster is not None:
+            from tether.agent.cluster import ClusterNode  # psycopg only for cluster members
+            self.cluster = ClusterNode(self, cfg.cluster)
 
     @property
     def db(self) -> Store:
@@ -165,6 +176,8 @@ class Agent:
             # live ones are answered concurrently, in this loop, while requests are served.
             self.reattach()
             self.reattach_t0 = t0 if self.reattaching else None
+            if self.cluster is not None:
+                self.cluster.start()
             self.door = Door(self.layout.sock, self.timers, self.on_request, name="agent door",
                              log=log, on_close=self.on_door_close)
             self.poller.register(self.door.fileno(), zmq.POLLIN)
@@ -181,6 +194,8 @@ class Agent:
 
     def shutdown(self) -> None:
         """Stop serving. Every supervisor and every job keeps running."""
+        if self.cluster is not None:
+            self.cluster.stop()
         self.spawner.close()
         for link in list(self.links.values()):
             link.close()
@@ -228,6 +243,8 @@ class Agent:
             self.offload.service()
         elif isinstance(item, int) and self.spawner.owns(item):
             self.spawner.readable(item)
+        elif isinstance(item, int) and item in self.extra_fds:
+            self.extra_fds[item]()
         elif isinstance(item, int):
             pid_link = self.pidfd_owners.get(item)
             if pid_link is not None and not pid_link.closed and pid_link.pidfd == item:
@@ -275,6 +292,8 @@ class Agent:
                           lambda p: self.reply(p.peer, protocol.ok(p.rid, {"done": False})))
 
     def job_ended(self, job: Job) -> None:
+        if self.cluster is not None:
+            self.cluster.job_ended(job)
         for p in self.waiters.take(job.id):
             self.reply(p.peer, protocol.ok(p.rid, {"done": True, "job": job.public()}))
 
@@ -425,6 +444,8 @@ class Agent:
                 job = self.db.update(m.job, state="running", pids=list(eff.pids),
                                      started_at=eff.started_at or rfc3339_now(), **who)
                 log.info("job %d attempt %d running: pids %s", m.job, m.attempt, job.pids)
+                if self.cluster is not None:
+                    self.cluster.job_running(job)
             elif isinstance(eff, lifecycle.RecordPid):
                 if eff.pid > 0:
                     self.db.update(m.job, supervisor_pid=eff.pid)

@@ -47,3 +47,11 @@ def env_pair(text: str) -> tuple[str, str]:
     if not sep or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
         raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE")
     return key, value
+
+
+def positive_seconds(text: str) -> float:
+    """A finite number of seconds > 0 (a heartbeat, a timeout)."""
+    value = seconds(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0 seconds, got {text}")
+    return value

@@ -8,6 +8,7 @@ import os
 import socket
 import sys
 
+from tether.cli.cluster import agent_cluster
 from tether.cli.errors import CliError
 
 
@@ -25,6 +26,7 @@ def agent(state_dir: str, ns: argparse.Namespace) -> int:
         node=ns.node or socket.gethostname(), cancel_grace=ns.cancel_grace,
         claim_timeout=ns.claim_timeout, linger=ns.linger,
         faults=frozenset(f for f in os.environ.get("TETHER_AGENT_FAULT", "").split(",") if f),
+        cluster=agent_cluster(ns),
     )
     try:
         return Agent(cfg).run()

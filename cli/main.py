@@ -54,9 +54,14 @@ def run(argv: list[str]) -> int:
 
         agentconf.apply(parser.subcommand("agent"), ns, argv)
         return int(load("cmd_agent:agent")(state_dir(ns), ns))
+    from tether.cli.cluster import clustered
     from tether.shared.paths import Layout
 
-    return int(load(VERBS[ns.cmd])(Layout(os.path.abspath(state_dir(ns))), ns))
+    layout = Layout(os.path.abspath(state_dir(ns)))
+    code = clustered(layout, ns)  # --cluster DSN / TETHER_CLUSTER; None: this node alone
+    if code is not None:
+        return code
+    return int(load(VERBS[ns.cmd])(layout, ns))
 
 
 def state_dir(ns: argparse.Namespace) -> str:

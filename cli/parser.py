@@ -14,9 +14,18 @@ import difflib
 import re
 from typing import Any, NoReturn
 
-from tether.cli.argtypes import env_pair, job_id, non_negative, positive, seconds
+from tether.cli.argtypes import (
+    env_pair,
+    job_id,
+    non_negative,
+    positive,
+    positive_seconds,
+    seconds,
+)
 from tether.cli.errors import EXIT_USAGE, CliError
 
+CLUSTER_HELP = ("PostgreSQL DSN of a cluster: jobs, nodes and results are the cluster's (default: "
+                "$TETHER_CLUSTER; with neither, this node's agent alone)")
 STATE_DIR_HELP = ("the agent's state directory (default: $TETHER_STATE_DIR, else /var/lib/tether "
                   "for root, else $XDG_STATE_HOME/tether or ~/.local/state/tether)")
 
@@ -90,6 +99,7 @@ def verb(sub: Any, name: str, help: str, description: str = "", usage: str | Non
                                 epilog=epilog)
     # SUPPRESS: absent here means "keep what came before the verb", not "set to None".
     sp.add_argument("--state-dir", metavar="DIR", default=argparse.SUPPRESS, help=STATE_DIR_HELP)
+    sp.add_argument("--cluster", metavar="DSN", default=argparse.SUPPRESS, help=CLUSTER_HELP)
     return sp
 
 
@@ -106,9 +116,11 @@ def build_parser() -> Parser:
     p.add_argument("-V", "--version", action="version", version=f"tether {__version__}",
                    help="print the version and exit")
     p.add_argument("--state-dir", metavar="DIR", help=STATE_DIR_HELP)
+    p.add_argument("--cluster", metavar="DSN", help=CLUSTER_HELP)
     sub = p.add_subparsers(dest="cmd", metavar="COMMAND", parser_class=Parser, title="commands")
     for add in (add_agent, add_status, add_submit, add_list, add_show, add_wait, add_cancel,
-                add_inspect, add_attach, add_signal, add_completion, add_man):
+                add_inspect, add_attach, add_signal, add_completion, add_man, add_cluster,
+                add_nodes, add_drain, add_resume):
         add(sub)
     return p
 
@@ -138,6 +150,8 @@ def add_agent(sub: Any) -> None:
                    help="how long a supervisor keeps a result nobody acknowledged (default 3600)")
     a.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
                    help="log to stderr from this level on (default INFO)")
+    a.add_argument("--heartbeat", type=positive_seconds, metavar="SECONDS",
+                   help="with --cluster: time between the node's heartbeats (default 2)")
 
 
 def add_status(sub: Any) -> None:
@@ -190,6 +204,9 @@ def add_submit(sub: Any) -> None:
                    "(default none)")
     s.add_argument("--wait", action="store_true",
                    help="print the id, wait for the end and exit as 'tether wait' does")
+    s.add_argument("--no-requeue", action="store_true",
+                   help="with --cluster: if the job's node goes down, fail the job instead of "
+                   "running it again elsewhere")
     add_json(s, "the job object (with --wait: the final one)")
     s.add_argument("command", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
 
@@ -278,6 +295,41 @@ def add_signal(sub: Any) -> None:
                    help="a name with or without SIG, any case (TERM, sigusr1, RTMIN+1) or a number")
     s.add_argument("--rank", type=non_negative, metavar="R",
                    help="only this task (default: every task)")
+
+
+def add_cluster(sub: Any) -> None:
+    s = verb(sub, "cluster", "set up the cluster database (tether cluster init)",
+             "Administer the cluster's PostgreSQL database.")
+    csub = s.add_subparsers(dest="cluster_cmd", metavar="ACTION", parser_class=Parser,
+                            required=True)
+    init = csub.add_parser("init", prog="tether cluster init",
+                           help="create or upgrade the schema (idempotent)",
+                           description="Create the cluster's tables, or bring them to this "
+                           "tether's schema version; a second run changes nothing.")
+    init.add_argument("--cluster", metavar="DSN", default=argparse.SUPPRESS, help=CLUSTER_HELP)
+    init.add_argument("--heartbeat-timeout", type=positive_seconds, metavar="SECONDS",
+                      help="how long a node may miss heartbeats before any live agent declares "
+                      "it down and requeues its jobs (default 30; a re-init without it keeps "
+                      "the current value)")
+    add_json(init, "the schema version and timeout")
+
+
+def add_nodes(sub: Any) -> None:
+    s = verb(sub, "nodes", "list the cluster's nodes (with --cluster)",
+             "List the cluster's nodes: state (up, down, draining), CPUs, GPUs and memory "
+             "allocated/total, running jobs, last heartbeat, version.")
+    add_json(s, "an array of node objects")
+
+
+def add_drain(sub: Any) -> None:
+    s = verb(sub, "drain", "stop new work going to a node (with --cluster)",
+             "Stop new work going to NODE; its running jobs go on.")
+    s.add_argument("node", metavar="NODE", help="node name")
+
+
+def add_resume(sub: Any) -> None:
+    s = verb(sub, "resume", "let a drained node take work again (with --cluster)")
+    s.add_argument("node", metavar="NODE", help="node name")
 
 
 def add_completion(sub: Any) -> None:

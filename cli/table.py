@@ -80,12 +80,15 @@ FIELDS: dict[str, Field] = {
     "gpus": Field("GPUS", 4, lambda j: str(len(j.get("gpus") or [])), True, "GPUs allocated"),
     "memory": Field("MEM_MB", 7, key("memory_mb"), True, "memory, MiB"),
     "attempt": Field("TRY", 3, key("attempt"), True, "attempt number"),
+    "node": Field("NODE", 10, key("node"), help="the node it runs or ran on (cluster jobs)"),
     "workdir": Field("WORKDIR", 24, key("workdir"), help="working directory"),
     "output": Field("OUTPUT", 24, key("output"), help="stdout file"),
     "error": Field("ERROR", 24, key("error"), help="stderr file"),
     "command": Field("COMMAND", 30, key("command"), help="command line"),
 }
 DEFAULT_FORMAT = "id,user,name,state,exit,start,elapsed,reason,command"
+#: ``list --cluster``: the same with the node
+CLUSTER_FORMAT = "id,user,name,state,node,exit,start,elapsed,reason,command"
 
 
 def parse_format(spec: str) -> list[tuple[Field, int]]:

@@ -8,7 +8,8 @@ SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
 need=()
 # mpich, libmpich-dev, libpmi2-0-dev: real MPI and PMI-2 clients for the PMI tests
-for pkg in libcap-dev python3-venv python3-dev mpich libmpich-dev libpmi2-0-dev; do
+# postgresql: the server the cluster tests, demo and benchmark start in a temporary directory
+for pkg in libcap-dev python3-venv python3-dev mpich libmpich-dev libpmi2-0-dev postgresql; do
     dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done
 if [ ${#need[@]} -gt 0 ]; then

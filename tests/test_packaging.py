@@ -51,7 +51,8 @@ def test_pip_install_puts_only_tether_beside_supervisord(scratch: str) -> None:
     python = make_venv(os.path.join(scratch, "venv"))
     site = site_packages(python)
     bindir = os.path.dirname(python)
-    pip_install(python, "supervisor", "pyzmq", "msgpack", "setproctitle", "python-prctl")
+    pip_install(python, "supervisor", "pyzmq", "msgpack", "setproctitle", "python-prctl",
+                "psycopg[binary]")
     before_site, before_bin = set(os.listdir(site)), set(os.listdir(bindir))
 
     pip_install(python, src)  # what an operator types: pip install . (the stale build/ too)

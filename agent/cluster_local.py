@@ -1,0 +1,96 @@
+"""What this node ran for the cluster, in the agent's own SQLite (I/O): the link between a
+local job and the cluster's (job, attempt), and the durable outbox of results.
+
+One row per cluster attempt taken here, written in the same local transaction as the local job
+(so a local job run for the cluster always knows which attempt it is). ``status``:
+
+- ``open``: the attempt is this node's; once the local job is final its result is owed to the
+  cluster (the outbox is: open rows whose local job is final);
+- ``reported``: the cluster recorded the result;
+- ``refused``: the cluster refused it (the attempt was no longer current): dropped;
+- ``discarded``: the attempt stopped being current while it ran or waited here; it was killed
+  and whatever it ends with is never reported.
+
+The table lives beside ``jobs`` in the same file so both are written in one transaction; the
+standalone agent never creates or reads it.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from dataclasses import dataclass
+from typing import Any
+
+from tether.shared.timers import rfc3339_now
+
+_TABLE = """
+CREATE TABLE IF NOT EXISTS cluster_runs (
+    local_job INTEGER PRIMARY KEY,
+    cluster_job INTEGER NOT NULL,
+    attempt INTEGER NOT NULL,
+    status TEXT NOT NULL DEFAULT 'open',
+    UNIQUE (cluster_job, attempt)
+)
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    local_job: int
+    cluster_job: int
+    attempt: int
+    status: str
+
+
+def ensure(conn: sqlite3.Connection) -> None:
+    conn.execute(_TABLE)
+
+
+def _run(row: Any) -> Run:
+    return Run(int(row[0]), int(row[1]), int(row[2]), str(row[3]))
+
+
+def record(conn: sqlite3.Connection, row: dict[str, Any], attempt: int) -> int:
+    """Insert the local job for a claimed cluster row and link it; the caller's transaction.
+
+    The tasks' own TETHER_JOB_ID and TETHER_ATTEMPT are this node's; the cluster's are added."""
+    env = dict(row["env"], TETHER_CLUSTER_JOB_ID=str(row["id"]),
+               TETHER_CLUSTER_ATTEMPT=str(attempt))
+    cur = conn.execute(
+        "INSERT INTO jobs (name, command, state, cpus_per_task, ntasks, gpus_req, memory_mb, "
+        "output, error, workdir, env, submitted_at, pmi, user, uid, gid) VALUES "
+        "(?, ?, 'pending', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (row["name"], json.dumps(row["command"]), row["cpus_per_task"], row["ntasks"],
+         row["gpus_req"], row["memory_mb"], row["output"], row["error"], row["workdir"],
+         json.dumps(env), row["submitted_at"] or rfc3339_now(), row["pmi"],
+         row["username"], row["uid"], row["gid"]))
+    local = cur.lastrowid
+    assert local is not None
+    conn.execute("INSERT INTO cluster_runs (local_job, cluster_job, attempt) VALUES (?, ?, ?)",
+                 (local, row["id"], attempt))
+    return int(local)
+
+
+def get(conn: sqlite3.Connection, local_job: int) -> Run | None:
+    row = conn.execute("SELECT local_job, cluster_job, attempt, status FROM cluster_runs WHERE "
+                       "local_job = ?", (local_job,)).fetchone()
+    return None if row is None else _run(row)
+
+
+def find(conn: sqlite3.Connection, cluster_job: int, attempt: int) -> Run | None:
+    row = conn.execute("SELECT local_job, cluster_job, attempt, status FROM cluster_runs WHERE "
+                       "cluster_job = ? AND attempt = ?", (cluster_job, attempt)).fetchone()
+    return None if row is None else _run(row)
+
+
+def open_runs(conn: sqlite3.Connection) -> list[tuple[Run, str]]:
+    """Every open attempt with its local job's state (oldest first)."""
+    rows = conn.execute(
+        "SELECT r.local_job, r.cluster_job, r.attempt, r.status, j.state FROM cluster_runs r "
+        "JOIN jobs j ON j.id = r.local_job WHERE r.status = 'open' ORDER BY r.local_job")
+    return [(_run(r), str(r[4])) for r in rows]
+
+
+def set_status(conn: sqlite3.Connection, local_job: int, status: str) -> None:
+    conn.execute("UPDATE cluster_runs SET status = ? WHERE local_job = ?", (status, local_job))

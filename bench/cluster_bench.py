@@ -1,0 +1,239 @@
+"""Figures for many nodes on PostgreSQL, each beside a reference measured in the same run.
+
+    .venv/bin/python bench/cluster_bench.py [--samples 15] [--jobs 60] [--failovers 3] [--json]
+
+1. Submit -> completed through the cluster, ``true``, sequential, median: the job inserted as
+   ``tether --cluster submit`` does, then LISTEN until its result is recorded. Reference: the same
+   through a standalone agent's socket (submit, then a long-polling wait).
+2. Jobs/s with three agents: ``--jobs`` ``true`` jobs queued in one transaction, from the commit
+   to the last result recorded. Reference: the same jobs through one standalone agent.
+3. Heartbeat timeout -> the job running elsewhere: a node running a job is SIGSTOPped; from the
+   moment its last heartbeat became older than the timeout to the start of attempt 2 on another
+   node (the supervisor's own ``started_at``), ``--failovers`` times.
+
+A throwaway PostgreSQL (tests/pgserver.py), three agents (4 CPUs each, heartbeat 0.5 s, timeout
+2 s) and a standalone agent, all on short temporary directories; everything is killed and
+removed on the way out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from bench.common import ScratchAgent, kill_tree  # noqa: E402
+from tests.pgserver import ScratchPostgres  # noqa: E402
+from tether.shared import cluster_db  # noqa: E402
+from tether.shared.client import Client  # noqa: E402
+from tether.shared.cluster_sql import CHANNEL_JOB, FINAL  # noqa: E402
+from tether.shared.timers import rfc3339_now  # noqa: E402
+
+TETHER = [sys.executable, "-m", "tether.cli.main"]
+HEARTBEAT, TIMEOUT = 0.5, 2.0
+
+
+def log(msg: str) -> None:
+    print(f"[cluster_bench] {msg}", file=sys.stderr, flush=True)
+
+
+def epoch(text: str) -> float:
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+def fields(command: list[str], work: str) -> dict[str, Any]:
+    return {"name": command[0], "command": command, "cpus_per_task": 1, "ntasks": 1,
+            "gpus_req": 0, "memory_mb": 0, "workdir": work, "env": {"PATH": os.environ["PATH"]},
+            "submitted_at": rfc3339_now(), "pmi": "none", "username": "root", "uid": 0,
+            "gid": 0, "requeue": True}
+
+
+class Bench:
+    def __init__(self, base: str, pg: ScratchPostgres) -> None:
+        self.base = base
+        self.dsn = pg.dsn()
+        self.work = os.path.join(base, "w")
+        os.makedirs(self.work)
+        self.agents: dict[str, subprocess.Popen[bytes]] = {}
+        subprocess.run([*TETHER, "--cluster", self.dsn, "cluster", "init",
+                        "--heartbeat-timeout", str(TIMEOUT)], check=True, capture_output=True)
+        self.conn = cluster_db.open_checked(self.dsn)
+        cluster_db.listen(self.conn, CHANNEL_JOB)
+
+    def start_agents(self, names: list[str]) -> None:
+        for name in names:
+            state = os.path.join(self.base, name)
+            with open(os.path.join(self.base, f"{name}.log"), "ab") as out:
+                self.agents[name] = subprocess.Popen(
+                    [*TETHER, "agent", "--state-dir", state, "--cpus", "4", "--cluster",
+                     self.dsn, "--node", name, "--heartbeat", str(HEARTBEAT),
+                     "--cancel-grace", "1"], stdout=out, stderr=subprocess.STDOUT,
+                    start_new_session=True)
+        deadline = time.monotonic() + 30
+        while {n["name"] for n in cluster_db.list_nodes(self.conn)
+               if n["state"] == "up"} != set(names):
+            if time.monotonic() > deadline:
+                raise SystemExit("the agents did not join")
+            time.sleep(0.05)
+
+    def submit(self, command: list[str]) -> int:
+        return int(cluster_db.submit(self.conn, fields(command, self.work), None, None)["id"])
+
+    def until_final(self, ids: set[int], timeout: float = 120) -> None:
+        left = set(ids)
+        deadline = time.monotonic() + timeout
+        while left:
+            rows = self.conn.execute("SELECT id FROM tether_jobs WHERE id = ANY(%s) AND state "
+                                     "= ANY(%s)", (list(left), list(FINAL))).fetchall()
+            left -= {r["id"] for r in rows}
+            if not left:
+                return
+            if time.monotonic() > deadline:
+                raise SystemExit(f"jobs {sorted(left)[:5]} did not end")
+            for _ in self.conn.notifies(timeout=1.0, stop_after=1):
+                pass
+
+    def latency(self, samples: int) -> list[float]:
+        out = []
+        for i in range(samples + 2):
+            t = time.perf_counter()
+            job = self.submit(["true"])
+            self.until_final({job})
+            if i >= 2:  # two warm-ups
+                out.append((time.perf_counter() - t) * 1000)
+        return out
+
+    def throughput(self, jobs: int) -> float:
+        with self.conn.transaction():
+            ids = {self.submit(["true"]) for _ in range(jobs)}
+            t = time.perf_counter()
+        self.until_final(ids)
+        return jobs / (time.perf_counter() - t)
+
+    def failover(self) -> float:
+        marker = os.path.join(self.work, f"m{time.monotonic_ns()}")
+        job = self.submit(["sh", "-c", f"test -e {marker} && exit 0; touch {marker}; sleep 60"])
+        deadline = time.monotonic() + 30
+        while (row := cluster_db.get_job(self.conn, job))["state"] != "running":
+            if time.monotonic() > deadline:
+                raise SystemExit("the failover job did not start")
+            time.sleep(0.02)
+        victim = self.agents[row["node"]]
+        victim.send_signal(signal.SIGSTOP)
+        try:
+            self.until_final({job}, timeout=60)
+            hb = self.conn.execute(
+                "SELECT extract(epoch FROM heartbeat) AS hb FROM tether_nodes WHERE name = %s",
+                (row["node"],)).fetchone()
+            done = cluster_db.get_job(self.conn, job)
+            assert done["attempt"] == 2 and done["node"] != row["node"], done
+            return epoch(done["started_at"]) - (float(hb["hb"]) + TIMEOUT)
+        finally:
+            victim.send_signal(signal.SIGCONT)
+            deadline = time.monotonic() + 30
+            while any(n["state"] != "up" for n in cluster_db.list_nodes(self.conn)):
+                if time.monotonic() > deadline:
+                    raise SystemExit(f"node {row['node']} did not rejoin")
+                time.sleep(0.05)
+
+    def close(self) -> None:
+        self.conn.close()
+        for proc in self.agents.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGCONT)
+                proc.send_signal(signal.SIGKILL)
+                proc.wait()
+        kill_tree(self.base)
+
+
+def standalone(samples: int, jobs: int) -> tuple[list[float], float]:
+    agent = ScratchAgent("tcb", 12)
+    try:
+        with Client(os.path.join(agent.state, "agent.sock"), timeout=30) as c:
+            def run(ids: list[int]) -> None:
+                for job in ids:
+                    while not c.call("wait", {"job": job, "hold": 20}, timeout=30)["done"]:
+                        pass
+
+            def sub() -> int:
+                return int(c.call("submit", {"command": ["true"], "workdir": agent.work,
+                                             "env": {"PATH": os.environ["PATH"]}})["id"])
+            lat = []
+            for i in range(samples + 2):
+                t = time.perf_counter()
+                run([sub()])
+                if i >= 2:
+                    lat.append((time.perf_counter() - t) * 1000)
+            t = time.perf_counter()
+            ids = [sub() for _ in range(jobs)]
+            run(ids)
+            return lat, jobs / (time.perf_counter() - t)
+    finally:
+        agent.close()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--samples", type=int, default=15)
+    ap.add_argument("--jobs", type=int, default=60)
+    ap.add_argument("--failovers", type=int, default=3)
+    ap.add_argument("--json", action="store_true")
+    ns = ap.parse_args()
+    base = tempfile.mkdtemp(dir="/tmp", prefix="tcb")
+    pg = ScratchPostgres()
+    bench: Bench | None = None
+    try:
+        pg.start()
+        bench = Bench(base, pg)
+        bench.start_agents(["n0", "n1", "n2"])
+        log("latency through the cluster")
+        lat = bench.latency(ns.samples)
+        log("throughput with three agents")
+        rate = bench.throughput(ns.jobs)
+        log("failover")
+        fail = [bench.failover() for _ in range(ns.failovers)]
+        bench.close()
+        bench = None
+        log("reference: one standalone agent")
+        ref_lat, ref_rate = standalone(ns.samples, ns.jobs)
+    finally:
+        if bench is not None:
+            bench.close()
+        pg.cleanup()
+        subprocess.run(["rm", "-rf", base], check=False)
+    res = {
+        "cluster_submit_to_completed_ms": {"median": round(statistics.median(lat), 1),
+                                           "min": round(min(lat), 1),
+                                           "max": round(max(lat), 1), "n": len(lat)},
+        "standalone_submit_to_completed_ms": {"median": round(statistics.median(ref_lat), 1),
+                                              "n": len(ref_lat)},
+        "cluster_jobs_per_s_3_agents": round(rate, 1),
+        "standalone_jobs_per_s_1_agent": round(ref_rate, 1),
+        "timeout_to_running_elsewhere_s": [round(f, 2) for f in fail],
+        "heartbeat_s": HEARTBEAT, "timeout_s": TIMEOUT,
+    }
+    if ns.json:
+        print(json.dumps(res))
+        return 0
+    c, s = res["cluster_submit_to_completed_ms"], res["standalone_submit_to_completed_ms"]
+    print(f"submit -> completed (true), median: cluster {c['median']} ms "
+          f"(min {c['min']}, max {c['max']}, n={c['n']}); standalone agent {s['median']} ms; "
+          f"ratio {c['median'] / s['median']:.2f}")
+    print(f"jobs/s ({ns.jobs} x true): three agents {res['cluster_jobs_per_s_3_agents']}; one "
+          f"standalone agent {res['standalone_jobs_per_s_1_agent']}")
+    print(f"heartbeat timeout ({TIMEOUT:g}s, heartbeat {HEARTBEAT:g}s) -> running elsewhere: "
+          f"{', '.join(f'{f:.2f}' for f in fail)} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,163 @@
+"""The cluster's PostgreSQL schema and the pure parts of reading it (no I/O, no psycopg).
+
+The database holds the cluster's jobs, nodes and attempts; each node's SQLite stays the record of
+what runs on that node. Tables carry a ``tether_`` prefix so they can share a database.
+
+Versioning: ``tether_meta.schema_version`` names the last migration applied. ``MIGRATIONS[n]``
+takes a database from version n-1 to n; ``tether cluster init`` applies the missing ones under
+an advisory lock (idempotent), and every client refuses a database newer than it knows.
+
+Job states are those of a standalone node: ``pending`` (queued cluster-wide, ``node`` null),
+``starting`` and ``running`` (claimed by ``node`` for ``attempt``), then one final state.
+``attempt`` counts claims: a claim sets ``attempt + 1``, so a result names the attempt it
+belongs to and one for any other attempt is refused.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+SCHEMA_VERSION = 1
+
+#: Key of ``pg_advisory_xact_lock`` taken by ``cluster init`` (so two inits do not race).
+INIT_LOCK = 0x7465746865720001
+
+#: Default of ``heartbeat_timeout`` (seconds) when ``cluster init`` is not given one.
+DEFAULT_HEARTBEAT_TIMEOUT = 30.0
+
+#: NOTIFY channels. ``queue``: work may be claimable (a submit, freed resources, a resume).
+#: ``job``: payload a job id; its state changed or a cancel was asked for.
+CHANNEL_QUEUE = "tether_queue"
+CHANNEL_JOB = "tether_job"
+
+ACTIVE = ("starting", "running")
+FINAL = ("completed", "failed", "cancelled", "lost")
+
+MIGRATIONS: dict[int, str] = {
+    1: """
+CREATE TABLE tether_nodes (
+    name text PRIMARY KEY,
+    host text NOT NULL,
+    state_dir text NOT NULL,
+    state text NOT NULL CHECK (state IN ('up', 'down')),
+    drain boolean NOT NULL DEFAULT false,
+    cpus integer NOT NULL,
+    gpus integer NOT NULL,
+    memory_mb bigint NOT NULL,
+    version text NOT NULL,
+    session text NOT NULL,
+    heartbeat timestamptz NOT NULL,
+    registered_at timestamptz NOT NULL,
+    reason text
+);
+CREATE TABLE tether_jobs (
+    id bigserial PRIMARY KEY,
+    name text NOT NULL,
+    command jsonb NOT NULL,
+    state text NOT NULL,
+    attempt integer NOT NULL DEFAULT 0,
+    node text,
+    local_job bigint,
+    exit_code integer,
+    signal integer,
+    reason text,
+    cpus_per_task integer NOT NULL,
+    ntasks integer NOT NULL,
+    gpus_req integer NOT NULL,
+    memory_mb bigint NOT NULL,
+    cpus jsonb NOT NULL DEFAULT '[]',
+    gpus jsonb NOT NULL DEFAULT '[]',
+    supervisor_pid integer,
+    pids jsonb NOT NULL DEFAULT '[]',
+    output text NOT NULL,
+    error text NOT NULL,
+    workdir text NOT NULL,
+    env jsonb NOT NULL,
+    submitted_at text NOT NULL,
+    started_at text,
+    ended_at text,
+    cancel_requested boolean NOT NULL DEFAULT false,
+    requeue boolean NOT NULL DEFAULT true,
+    pmi text NOT NULL DEFAULT 'none',
+    username text,
+    uid integer,
+    gid integer
+);
+CREATE INDEX tether_jobs_queue ON tether_jobs (id) WHERE state = 'pending';
+CREATE INDEX tether_jobs_node ON tether_jobs (node) WHERE node IS NOT NULL;
+CREATE TABLE tether_attempts (
+    job bigint NOT NULL REFERENCES tether_jobs (id),
+    attempt integer NOT NULL,
+    node text NOT NULL,
+    state text NOT NULL,
+    reason text,
+    claimed_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+    ended_at timestamptz,
+    PRIMARY KEY (job, attempt)
+);
+""",
+}
+
+META = """
+CREATE TABLE IF NOT EXISTS tether_meta (key text PRIMARY KEY, value text NOT NULL)
+"""
+
+#: Columns of ``tether_jobs`` read into a job object (``username`` is the wire's ``user``).
+JOB_COLUMNS = (
+    "id, name, command, state, attempt, node, local_job, exit_code, signal, reason, "
+    "cpus_per_task, ntasks, gpus_req, memory_mb, cpus, gpus, supervisor_pid, pids, output, "
+    "error, workdir, env, submitted_at, started_at, ended_at, cancel_requested, requeue, pmi, "
+    "username, uid, gid"
+)
+
+
+class SchemaError(Exception):
+    """The database holds no tether schema, or one this build does not know."""
+
+
+def check_version(found: int | None) -> None:
+    if found is None:
+        raise SchemaError("the database holds no tether schema: run `tether cluster init`")
+    if found > SCHEMA_VERSION:
+        raise SchemaError(f"the database's tether schema is version {found}, newer than this "
+                          f"tether's {SCHEMA_VERSION}: upgrade tether")
+    if found < SCHEMA_VERSION:
+        raise SchemaError(f"the database's tether schema is version {found}, older than this "
+                          f"tether's {SCHEMA_VERSION}: run `tether cluster init`")
+
+
+def public_job(row: dict[str, Any]) -> dict[str, Any]:
+    """The job object of the CLI contract (as a standalone agent's), plus ``node``."""
+    return {
+        "id": row["id"], "name": row["name"], "command": row["command"],
+        "state": row["state"], "attempt": row["attempt"], "exit_code": row["exit_code"],
+        "signal": row["signal"], "reason": row["reason"], "cpus": row["cpus"],
+        "gpus": row["gpus"], "memory_mb": row["memory_mb"], "ntasks": row["ntasks"],
+        "cpus_per_task": row["cpus_per_task"], "supervisor_pid": row["supervisor_pid"],
+        "pids": row["pids"], "output": row["output"], "error": row["error"],
+        "workdir": row["workdir"], "submitted_at": row["submitted_at"],
+        "started_at": row["started_at"], "ended_at": row["ended_at"], "pmi": row["pmi"],
+        "user": row["username"], "uid": row["uid"], "node": row["node"],
+        "requeue": row["requeue"],
+    }
+
+
+def node_state(state: str, drain: bool) -> str:
+    """``up``, ``down`` or ``draining`` (an up node that takes no new work)."""
+    if state == "down":
+        return "down"
+    return "draining" if drain else "up"
+
+
+def demand(row: dict[str, Any]) -> tuple[int, int, int]:
+    """What a job holds while it runs: (CPUs, GPUs, MB)."""
+    return (int(row["cpus_per_task"]) * int(row["ntasks"]), int(row["gpus_req"]),
+            int(row["memory_mb"]))
+
+
+def never_fits(need: tuple[int, int, int], size: tuple[int, int, int]) -> str | None:
+    """Why a job needing ``need`` could not run even on an empty node of ``size``, or None."""
+    for label, want, have in zip(("CPUs", "GPUs", "MB of memory"), need, size, strict=True):
+        if want > have:
+            return f"needs {want} {label} but has {have}"
+    return None
