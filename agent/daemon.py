@@ -50,8 +50,8 @@ from tether.shared.door import Conn, Door, answer
 from tether.shared.errors import RemoteError, TetherError
 from tether.shared.parking import Lot
 from tether.shared.paths import Layout, RunDir
-from tether.shared.procid import ProcId
-from tether.shared.timers import Timers, rfc3339_now
+from tether.shared.procid import ProcId, proc_stat
+from tether.shared.timers import Timer, Timers, rfc3339_now
 
 if TYPE_CHECKING:
     from tether.agent.cluster import ClusterConfig, ClusterNode
@@ -108,7 +108,7 @@ class Agent:
         self.stopping = False
         self.reattaching: set[int] = set()
         #: supervisor identities learnt from a hello, written with the claim's "running"
-        self.idents: dict[int, ProcId] = {}
+        self.idents: dict[int, dict[str, Any]] = {}
         #: when the agent started, while some supervisor found at start has not answered yet
         self.reattach_t0: float | None = None
         #: one machine per job whose attempt is not settled and forgotten (lifecycle.py)
@@ -313,7 +313,8 @@ class Agent:
             try:
                 job = self.db.update(job.id, state="starting", attempt=attempt,
                                      cpus=list(alloc.cpus), gpus=list(alloc.gpus), pids=[],
-                                     supervisor_pid=None, supervisor_ticks=None)
+                                     supervisor_pid=None, supervisor_ticks=None,
+                                     supervisor_boot=None, supervisor_session=None)
             except BaseException:
                 self.ledger.release(alloc)  # nothing was recorded: nothing is held
                 raise
@@ -438,11 +439,10 @@ class Agent:
             elif isinstance(eff, lifecycle.Requeue):
                 self.requeue(m, eff.reason)
             elif isinstance(eff, lifecycle.RecordRunning):
-                ident = self.idents.pop(m.job, None)
-                who = {} if ident is None else {"supervisor_pid": ident.pid,
-                                                "supervisor_ticks": ident.start_ticks}
+                who = self.idents.get(m.job, {})
                 job = self.db.update(m.job, state="running", pids=list(eff.pids),
                                      started_at=eff.started_at or rfc3339_now(), **who)
+                self.idents.pop(m.job, None)  # only once written: a full disk retries it
                 log.info("job %d attempt %d running: pids %s", m.job, m.attempt, job.pids)
                 if self.cluster is not None:
                     self.cluster.job_running(job)
@@ -559,16 +559,24 @@ class Agent:
             self.by_pidfd[link.pidfd] = link
             self.poller.register(link.pidfd, zmq.POLLIN)
             job = self.db.get_required(link.job)
+            st = proc_stat(ident.pid)
+            session = st.session if st is not None else None
+            facts = {"supervisor_pid": ident.pid, "supervisor_ticks": ident.start_ticks,
+                     "supervisor_boot": ident.boot_id, "supervisor_session": session}
             phase = res["phase"]
             m = self.machines[link.job]
             if phase == "ready" and not m.cancel:
                 # A claim follows: its "running" write records the identity too (one commit,
-                # one fsync, fewer on every launch).
-                self.idents[link.job] = ident
-            elif job.supervisor_pid != ident.pid or job.supervisor_ticks != ident.start_ticks:
-                with contextlib.suppress(StoreFull):  # information only
-                    self.db.update(job.id, supervisor_pid=ident.pid,
-                                   supervisor_ticks=ident.start_ticks)
+                # one fsync, fewer on every launch). Before that write, the manifest leads to
+                # the step; after it, the database does too (fallback.kill_leftovers).
+                self.idents[link.job] = facts
+            elif (job.supervisor_pid, job.supervisor_ticks, job.supervisor_boot,
+                    job.supervisor_session) != tuple(facts.values()):
+                try:
+                    self.db.update(job.id, **facts)
+                except StoreFull as exc:
+                    self.feed(link.job, link.attempt, lifecycle.LinkError(message=exc.message))
+                    return
             if phase == "ready" and not m.cancel and "stall-before-claim" in self.cfg.faults:
                 log.warning("job %d: fault injection: not claiming", link.job)
                 return
@@ -679,7 +687,17 @@ class Agent:
             self.feed(job_id, attempt, lifecycle.LinkError(message=note or "lock held"))
             return
         job = self.db.get_required(job_id)
-        verdict = fallback.resolve(rd, job)
+        verdict: lifecycle.Verdict
+        try:
+            verdict = fallback.resolve(rd, job)
+        except Exception as exc:  # crash-only: whatever is on disk, a definite verdict
+            log.exception("job %d: reading %s", job_id, rd.path)
+            verdict = lifecycle.Lost(reason=f"its supervisor is gone and its run directory "
+                                            f"could not be read ({type(exc).__name__})")
+        if isinstance(verdict, lifecycle.NeverRan) and fallback.step_processes(job):
+            # Its files say nothing started, but processes of the step live: it did start.
+            verdict = lifecycle.Lost(reason=f"{verdict.reason}, but processes of the step "
+                                            "were running")
         if note and isinstance(verdict, lifecycle.Lost):
             verdict = lifecycle.Lost(reason=f"{verdict.reason}; {note}", kill=verdict.kill)
         self.feed(job_id, attempt, lifecycle.Gone(verdict=verdict))
@@ -691,7 +709,8 @@ class Agent:
         job = self.db.get_required(job_id)
         fields: dict[str, Any] = {"state": fin.state, "exit_code": fin.exit_code,
                                   "signal": fin.signal, "reason": fin.reason,
-                                  "ended_at": fin.ended_at or rfc3339_now()}
+                                  "ended_at": fin.ended_at or rfc3339_now(),
+                                  "core_dumped": fin.core_dumped}
         if fin.started_at and not job.started_at:
             fields["started_at"] = fin.started_at
         job = self.db.update(job.id, **fields)
@@ -714,7 +733,8 @@ class Agent:
     def requeue(self, m: lifecycle.Machine, why: str) -> None:
         """The attempt never ran: back to the queue (the machine decided it may)."""
         self.db.update(m.job, state="pending", cpus=[], gpus=[], pids=[],
-                       supervisor_pid=None, supervisor_ticks=None)
+                       supervisor_pid=None, supervisor_ticks=None, supervisor_boot=None,
+                       supervisor_session=None)
         log.warning("job %d attempt %d never ran (%s): back to the queue", m.job, m.attempt,
                     why)
         self.schedule_due = True

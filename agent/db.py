@@ -111,12 +111,27 @@ def sql(*statements: str) -> Callable[[sqlite3.Connection], None]:
 
 MIGRATIONS: list[Migration] = [
     Migration("the jobs table of release 0.1.0", _baseline),
+    # A table of its own, not columns: release 0.1.0's agent reads ``SELECT * FROM jobs`` into
+    # a dataclass and would refuse an unknown column, and rolling back to it must keep working.
+    Migration("job_facts: the supervisor's boot id and session (to find a lost step's "
+              "processes without its manifest) and core_dumped",
+              sql("CREATE TABLE IF NOT EXISTS job_facts (job INTEGER PRIMARY KEY, "
+                  "supervisor_ticks INTEGER, supervisor_boot TEXT, supervisor_session INTEGER, "
+                  "core_dumped INTEGER NOT NULL DEFAULT 0)")),
     # Beside the jobs table, not in it: release 0.1.0's agent reads every column of ``jobs``
     # into its Job, so a new column there would stop it from running after a rollback.
     Migration("the submitter's umask of each job (issue 7), in a table of its own",
               sql("CREATE TABLE IF NOT EXISTS job_umask (id INTEGER PRIMARY KEY, "
                   "umask INTEGER NOT NULL)")),
 ]
+
+#: the fields of Job kept in job_facts rather than jobs
+_FACTS = ("supervisor_boot", "supervisor_session", "core_dumped")
+#: every query reads jobs through this: job_facts' identity counts only while it is of the
+#: supervisor the jobs row names (an agent rolled back to 0.1.0 updates jobs alone)
+_SELECT = ("SELECT jobs.*, f.supervisor_ticks AS facts_ticks, f.supervisor_boot, "
+           "f.supervisor_session, COALESCE(f.core_dumped, 0) AS core_dumped "
+           "FROM jobs LEFT JOIN job_facts f ON f.job = jobs.id")
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
@@ -155,6 +170,11 @@ class Job:
     user: str | None = None
     uid: int | None = None
     gid: int | None = None
+    #: the supervisor's boot id and session, recorded before it is claimed (tasks start in that
+    #: session): with supervisor_ticks, how a lost step is found when its manifest is unusable
+    supervisor_boot: str | None = None
+    supervisor_session: int | None = None
+    core_dumped: bool = False
 
     @property
     def allocation(self) -> Allocation:
@@ -175,7 +195,7 @@ class Job:
             "pids": self.pids, "output": self.output, "error": self.error,
             "workdir": self.workdir, "submitted_at": self.submitted_at,
             "started_at": self.started_at, "ended_at": self.ended_at, "pmi": self.pmi,
-            "user": self.user, "uid": self.uid,
+            "user": self.user, "uid": self.uid, "core_dumped": self.core_dumped,
         }
 
 
@@ -187,6 +207,9 @@ def _row(row: sqlite3.Row) -> Job:
     for col in _JSON_COLS:
         d[col] = json.loads(d[col])
     d["cancel_requested"] = bool(d["cancel_requested"])
+    d["core_dumped"] = bool(d.get("core_dumped"))
+    if d.pop("facts_ticks", None) != d["supervisor_ticks"]:
+        d["supervisor_boot"] = d["supervisor_session"] = None
     return Job(**d)
 
 
@@ -303,12 +326,32 @@ class Store:
         for col in _JSON_COLS:
             if col in fields:
                 fields[col] = json.dumps(fields[col])
-        sets = ", ".join(f"{k} = ?" for k in fields)
-        self._exec(f"UPDATE jobs SET {sets} WHERE id = ?", (*fields.values(), job_id))
+        facts = {k: fields.pop(k) for k in _FACTS if k in fields}
+        if "supervisor_boot" in facts or "supervisor_session" in facts:
+            facts["supervisor_ticks"] = fields.get("supervisor_ticks")
+        own = not self.conn.in_transaction and bool(facts) and bool(fields)
+        if own:
+            self.begin()  # both tables or neither
+        try:
+            if fields:
+                sets = ", ".join(f"{k} = ?" for k in fields)
+                self._exec(f"UPDATE jobs SET {sets} WHERE id = ?", (*fields.values(), job_id))
+            if facts:
+                cols = ", ".join(facts)
+                marks = ", ".join("?" for _ in facts)
+                sets = ", ".join(f"{k} = excluded.{k}" for k in facts)
+                self._exec(f"INSERT INTO job_facts (job, {cols}) VALUES (?, {marks}) "
+                           f"ON CONFLICT(job) DO UPDATE SET {sets}", (job_id, *facts.values()))
+            if own:
+                self.commit()
+        except BaseException:
+            if own:
+                self.rollback()
+            raise
         return self.get_required(job_id)
 
     def get(self, job_id: int) -> Job | None:
-        row = self.conn.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        row = self.conn.execute(f"{_SELECT} WHERE jobs.id = ?", (job_id,)).fetchone()
         return None if row is None else _row(row)
 
     def get_required(self, job_id: int) -> Job:
@@ -318,22 +361,22 @@ class Store:
         return job
 
     def all(self) -> list[Job]:
-        return [_row(r) for r in self.conn.execute("SELECT * FROM jobs ORDER BY id")]
+        return [_row(r) for r in self.conn.execute(f"{_SELECT} ORDER BY jobs.id")]
 
     def page(self, after: int, limit: int) -> list[Job]:
-        rows = self.conn.execute("SELECT * FROM jobs WHERE id > ? ORDER BY id LIMIT ?",
+        rows = self.conn.execute(f"{_SELECT} WHERE jobs.id > ? ORDER BY jobs.id LIMIT ?",
                                  (after, limit))
         return [_row(r) for r in rows]
 
     def in_states(self, *states: str) -> list[Job]:
         marks = ", ".join("?" for _ in states)
-        rows = self.conn.execute(f"SELECT * FROM jobs WHERE state IN ({marks}) ORDER BY id",
+        rows = self.conn.execute(f"{_SELECT} WHERE jobs.state IN ({marks}) ORDER BY jobs.id",
                                  states)
         return [_row(r) for r in rows]
 
     def first_pending(self) -> Job | None:
         row = self.conn.execute(
-            "SELECT * FROM jobs WHERE state = 'pending' ORDER BY id LIMIT 1").fetchone()
+            f"{_SELECT} WHERE jobs.state = 'pending' ORDER BY jobs.id LIMIT 1").fetchone()
         return None if row is None else _row(row)
 
     def counts(self) -> dict[str, int]:

@@ -88,30 +88,93 @@ def resolve(rd: RunDir, job: Job) -> Verdict:
     if sentinel is not None:
         return _from_sentinel(sentinel)
     manifest, bad_manifest = _load(rd.manifest, records.read_manifest, rd)
+    if manifest is not None:
+        why = _foreign(manifest, job)
+        if why:
+            log.error("job %d: ignoring %s: %s", rd.job, rd.manifest, why)
+            manifest, bad_manifest = None, f"{rd.manifest}: {why}"
     if manifest is None or manifest["phase"] == "ready":
         if bad_manifest:
             # We cannot tell whether tasks started; "never ran" could run the job twice.
             return Lost(reason=f"its supervisor is gone and its manifest is unusable "
                                f"({bad_manifest})")
         return NeverRan(reason="its supervisor is gone and never launched the tasks")
-    sup = manifest["supervisor"]
-    reason = (f"supervisor (pid {sup.get('pid')}) died while the job was "
-              f"{manifest['phase']} and left no exit record")
+    pid = job.supervisor_pid or manifest["supervisor"].get("pid")
+    reason = (f"supervisor (pid {pid}) died while the job was {manifest['phase']} and left "
+              f"no exit record")
     if bad_sentinel:
         reason += f" (unusable exit record: {bad_sentinel})"
     return Lost(reason=reason)
 
 
+def _foreign(manifest: dict[str, Any], job: Job) -> str | None:
+    """Why a manifest's supervisor is not the one the agent recorded, or None."""
+    try:
+        ident = ProcId.from_dict(manifest["supervisor"])
+    except ValueError as exc:
+        return str(exc)
+    if job.supervisor_ticks is None or job.supervisor_pid is None:
+        return None  # never said hello: the manifest is all there is
+    if (ident.pid, ident.start_ticks) != (job.supervisor_pid, job.supervisor_ticks):
+        return (f"it names supervisor pid {ident.pid} started at tick {ident.start_ticks}, but "
+                f"the agent recorded pid {job.supervisor_pid} started at tick "
+                f"{job.supervisor_ticks}")
+    return None
+
+
+def step_processes(job: Job | None) -> set[int]:
+    """Live processes of a step whose supervisor is gone, found from the database alone.
+
+    Every task starts in the supervisor's session, after the supervisor: a process in the
+    recorded session (or in a recorded task's process group) that started no earlier than the
+    supervisor, in the same boot, belongs to the step. Nothing is found when the session id has
+    been handed to a newer process, or when the database lacks the identity (a supervisor that
+    never answered hello launched nothing).
+    """
+    if job is None or job.supervisor_ticks is None or job.supervisor_boot != boot_id():
+        return set()
+    t0 = job.supervisor_ticks
+    session = job.supervisor_session
+    if session is not None:
+        leader = proc_stat(session)
+        if leader is not None and leader.start_ticks > t0:
+            session = None  # reused: that session is someone else's now
+    groups = set(job.pids)
+    found = set()
+    for st in all_processes():
+        if st.dead or st.start_ticks < t0:
+            continue
+        if (session is not None and st.session == session) or st.pgrp in groups:
+            found.add(st.pid)
+    found.discard(os.getpid())
+    return found
+
+
 def kill_leftovers(rd: RunDir, job: Job | None) -> int:
-    """Effect ``Kill``: SIGKILL what is left of a lost step, found through its manifest."""
-    manifest, _ = _load(rd.manifest, records.read_manifest, rd)
-    if manifest is None:
-        return 0
-    return kill_step(manifest)
+    """Effect ``Kill``: SIGKILL what is left of a lost step, through its manifest (if it is
+    usable and names the supervisor the agent recorded) and through the database's identity."""
+    victims = step_processes(job)
+    try:
+        manifest, _ = _load(rd.manifest, records.read_manifest, rd)
+    except Exception:  # whatever the file holds, the database's identity still leads us
+        log.exception("job %d: reading %s", rd.job, rd.manifest)
+        manifest = None
+    if manifest is not None and (job is None or _foreign(manifest, job) is None):
+        victims |= manifest_processes(manifest)
+    victims.discard(os.getpid())
+    for pid in victims:
+        try:
+            os.kill(pid, signal.SIGKILL)
+            log.warning("job %d: killed leftover process %d of a lost step", rd.job, pid)
+        except ProcessLookupError:
+            pass
+        except OSError as exc:  # e.g. a setuid task while the agent is not root
+            log.error("cannot kill leftover process %d of a lost step: %s", pid, exc)
+    return len(victims)
 
 
-def kill_step(manifest: dict[str, Any]) -> int:
-    """SIGKILL what is left of a step whose supervisor died; never by pid alone.
+def manifest_processes(manifest: dict[str, Any]) -> set[int]:
+    """The live processes a manifest leads to; never by pid alone.
 
     Task leaders are matched by (boot id, pid, start ticks); the rest of the step by its session
     (every task starts in the supervisor's session) together with a start time no earlier than
@@ -120,9 +183,9 @@ def kill_step(manifest: dict[str, Any]) -> int:
     try:
         sup = ProcId.from_dict(manifest["supervisor"])
     except ValueError:
-        return 0
+        return set()
     if sup.boot_id != boot_id():
-        return 0  # another boot: every process of that step is long gone
+        return set()  # another boot: every process of that step is long gone
     victims: set[int] = set()
     for task in manifest.get("tasks", []):
         try:
@@ -138,16 +201,7 @@ def kill_step(manifest: dict[str, Any]) -> int:
         for st in all_processes():
             if st.session == session and not st.dead and st.start_ticks >= sup.start_ticks:
                 victims.add(st.pid)
-    victims.discard(os.getpid())
-    for pid in victims:
-        try:
-            os.kill(pid, signal.SIGKILL)
-            log.warning("killed leftover process %d of a lost step", pid)
-        except ProcessLookupError:
-            pass
-        except OSError as exc:  # e.g. a setuid task while the agent is not root
-            log.error("cannot kill leftover process %d of a lost step: %s", pid, exc)
-    return len(victims)
+    return victims
 
 
 def check_identity(rd: RunDir, hello: Any, peer_pid: int) -> str | None:

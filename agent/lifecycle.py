@@ -341,7 +341,7 @@ def _never_ran(m: Machine, reason: str, *, then: list[Effect],
     if m.launched:
         # The launch was confirmed: requeueing would run the job twice.
         return _lose(m, f"{reason}, but it was recorded as running; it is not run again",
-                     kill=False, then=then, state=state)
+                     kill=True, then=then, state=state)
     if m.cancel:
         first: Effect = Finalize(state="cancelled", reason="cancelled before it started")
     elif m.attempt >= MAX_ATTEMPTS:
@@ -479,7 +479,7 @@ def _restored(m: Machine, ev: Event) -> tuple[Machine, list[Effect]]:
 def _no_run_dir(m: Machine, ev: Event) -> tuple[Machine, list[Effect]]:
     assert isinstance(ev, NoRunDir)
     if m.launched:
-        return _lose(m, f"its run directory {ev.path} disappeared while it ran", kill=False,
+        return _lose(m, f"its run directory {ev.path} disappeared while it ran", kill=True,
                      then=[], state=State.DONE)
     return _never_ran(m, "no run directory: it was never spawned, or its supervisor gave up "
                          "before launching", then=[], state=State.DONE)

@@ -231,6 +231,10 @@ def negotiate(offered: Any) -> int:
 # --- argument validation shared by every handler -------------------------------------------
 
 
+#: the largest integer any argument may carry (SQLite's INTEGER is signed 64-bit)
+INT64_MAX = (1 << 63) - 1
+
+
 def arg_int(
     args: Mapping[str, Any],
     name: str,
@@ -246,7 +250,9 @@ def arg_int(
         raise BadRequest(f"argument {name!r} must be an integer, got {type(value).__name__}")
     if minimum is not None and value < minimum:
         raise BadRequest(f"argument {name!r} must be at least {minimum}, got {value}")
-    if maximum is not None and value > maximum:
+    if maximum is None:
+        maximum = INT64_MAX  # what SQLite and every peer can hold
+    if value > maximum:
         raise BadRequest(f"argument {name!r} must be at most {maximum}, got {value}")
     return value
 

@@ -92,6 +92,8 @@ def read_json(path: str, *, max_bytes: int = MAX_RECORD) -> dict[str, Any]:
         obj = json.loads(data)
     except (ValueError, UnicodeDecodeError) as exc:
         raise RecordError(f"{path}: not valid JSON ({exc})") from None
+    except RecursionError:
+        raise RecordError(f"{path}: nested too deeply") from None
     if not isinstance(obj, dict):
         raise RecordError(f"{path}: not a JSON object")
     if obj.get("schema") != SCHEMA:
@@ -104,6 +106,8 @@ def _need(path: str, obj: dict[str, Any], fields: dict[str, type | tuple[type, .
         value = obj.get(name)
         if not isinstance(value, typ) or isinstance(value, bool) and typ in (int, float):
             raise RecordError(f"{path}: field {name!r} missing or of the wrong type")
+        if isinstance(value, int) and not -(1 << 63) <= value < (1 << 63):
+            raise RecordError(f"{path}: field {name!r} is out of range")
 
 
 def _int_list(path: str, obj: dict[str, Any], name: str) -> None:
@@ -166,8 +170,15 @@ def check_sentinel(path: str, rec: Any) -> dict[str, Any]:
         # Only an aborted step launched nothing; anything else claiming otherwise is forged or
         # broken, and taking it at its word could run the job twice.
         raise RecordError(f"{path}: state {rec['state']!r} with launched={rec['launched']}")
-    for name in ("exit_code", "signal"):
+    for name, low, high in (("exit_code", 0, 255), ("signal", 1, 127)):
         value = rec.get(name)
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
-            raise RecordError(f"{path}: field {name!r} must be an integer or null")
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool)
+                                  or not low <= value <= high):
+            raise RecordError(f"{path}: field {name!r} must be null or an integer from {low} "
+                              f"to {high}")
+    for name in ("reason", "started_at", "ended_at"):
+        if rec.get(name) is not None and not isinstance(rec[name], str):
+            raise RecordError(f"{path}: field {name!r} must be text or null")
+    if not isinstance(rec.get("core_dumped", False), bool):
+        raise RecordError(f"{path}: field 'core_dumped' must be a boolean")
     return rec

@@ -189,4 +189,5 @@ class Step:
         elif self.terminated_by:
             reason = self.terminated_by + (f"; {reason}" if reason else "")
         return {"state": state, "launched": True, "exit_code": exit_code, "signal": sig,
+                "core_dumped": bool(sig is not None and bad is not None and bad.core_dumped),
                 "reason": None if reason is None else bounded(reason)}

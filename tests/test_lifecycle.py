@@ -131,7 +131,7 @@ ROWS = [
     Row("20-result", lambda: adopted(True), [lc.Gone(verdict=RESULT)], "completed",
         State.DONE),
     Row("20-running-no-manifest", lambda: adopted(True), [lc.Gone(verdict=NEVER)], "lost",
-        State.DONE, never=("Requeue", "Kill")),
+        State.DONE, must=("Kill",), never=("Requeue",)),
     Row("20-starting", lambda: adopted(False), [lc.Gone(verdict=NEVER)], "requeue",
         State.DONE),
     Row("21", lambda: adopted(True), [lc.Gone(verdict=RESULT)], "completed", State.DONE),

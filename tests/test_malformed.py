@@ -163,6 +163,11 @@ def test_agent_answers_malformed_frames_and_keeps_serving(
          "bad_request", 62),
         ("submit without workdir", [req(63, "submit", {"command": ["true"]})],
          "bad_request", 63),
+        # integers SQLite cannot hold were answered `internal` (an OverflowError each)
+        ("show job 2^63", [req(64, "show", {"job": 1 << 63})], "bad_request", 64),
+        ("wait job 2^64-1", [req(65, "wait", {"job": (1 << 64) - 1})], "bad_request", 65),
+        ("cancel job 2^63", [req(66, "cancel", {"job": 1 << 63})], "bad_request", 66),
+        ("list after 2^63", [req(67, "list", {"after": 1 << 63})], "bad_request", 67),
     ]
     raw = RawDoor(node.layout.sock)
     big = send_oversized(node.layout.sock)

@@ -76,9 +76,13 @@ def test_job_ends_while_agent_is_down(node: Node) -> None:
     assert node.supervisor_pids() == []
 
 
+#: a job that runs until the test creates ``go`` in the working directory (no timing involved)
+UNTIL_GO = ("sh", "-c", "while [ ! -e go ]; do sleep 0.05; done")
+
+
 def test_no_double_booking_after_restart(node: Node) -> None:
     node.start()
-    big = node.submit("sleep", "2", opts=("--cpus", "4"))
+    big = node.submit(*UNTIL_GO, opts=("--cpus", "4"))
     node.wait_state(big, ("running",))
     node.stop(signal.SIGKILL)
     node.start()
@@ -86,19 +90,22 @@ def test_no_double_booking_after_restart(node: Node) -> None:
     small = node.submit("true", opts=("--cpus", "1"))
     assert node.job(small)["state"] == "pending"
     assert node.job(big)["state"] == "running"
+    open(os.path.join(node.work, "go"), "w").close()
     b = node.wait_end(big)
     s = node.wait_end(small)
-    assert s["state"] == "completed"
+    assert (b["state"], s["state"]) == ("completed", "completed")
     assert s["started_at"] >= b["ended_at"], "the small job ran on CPUs still held"
 
 
 def test_pending_jobs_survive_restart_in_order(node: Node) -> None:
     node.start()
-    blocker = node.submit("sleep", "1.5", opts=("--cpus", "4"))
+    blocker = node.submit(*UNTIL_GO, opts=("--cpus", "4"))
     queued = [node.submit("true", opts=("--cpus", "4")) for _ in range(3)]
     assert all(node.job(q)["state"] == "pending" for q in queued)
     node.stop(signal.SIGTERM)
     node.start()
+    assert all(node.job(q)["state"] == "pending" for q in queued)
+    open(os.path.join(node.work, "go"), "w").close()
     node.wait_end(blocker)
     done = [node.wait_end(q) for q in queued]
     assert [d["state"] for d in done] == ["completed"] * 3
