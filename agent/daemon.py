@@ -51,7 +51,7 @@ from tether.shared.errors import RemoteError, TetherError
 from tether.shared.parking import Lot
 from tether.shared.paths import Layout, RunDir
 from tether.shared.procid import ProcId, proc_stat
-from tether.shared.timers import Timer, Timers, rfc3339_now
+from tether.shared.timers import Timers, rfc3339_now
 
 if TYPE_CHECKING:
     from tether.agent.cluster import ClusterConfig, ClusterNode
