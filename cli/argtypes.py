@@ -6,24 +6,22 @@ import argparse
 import re
 
 
-def positive(text: str) -> int:
+def _whole(text: str, minimum: int, below: str) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    if value < minimum:
+        raise argparse.ArgumentTypeError(f"{below}, got {value}")
     return value
+
+
+def positive(text: str) -> int:
+    return _whole(text, 1, "must be at least 1")
 
 
 def non_negative(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must not be negative, got {value}")
-    return value
+    return _whole(text, 0, "must not be negative")
 
 
 def seconds(text: str) -> float:

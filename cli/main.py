@@ -28,7 +28,7 @@ VERBS = {
     "status": "cmd_show:status", "submit": "cmd_submit:submit", "list": "cmd_list:list_jobs",
     "show": "cmd_show:show", "wait": "cmd_submit:wait", "cancel": "cmd_cancel:cancel",
     "inspect": "cmd_inspect:inspect", "attach": "cmd_attach:attach",
-    "signal": "cmd_attach:signal",
+    "signal": "cmd_attach:signal", "top": "cmd_top:top",
 }
 # verbs that need no agent: they take the Namespace only
 LOCAL = {"completion": "completion:completion", "man": "manpage:man"}

@@ -119,8 +119,8 @@ def build_parser() -> Parser:
     p.add_argument("--cluster", metavar="DSN", help=CLUSTER_HELP)
     sub = p.add_subparsers(dest="cmd", metavar="COMMAND", parser_class=Parser, title="commands")
     for add in (add_agent, add_status, add_submit, add_list, add_show, add_wait, add_cancel,
-                add_inspect, add_attach, add_signal, add_completion, add_man, add_cluster,
-                add_nodes, add_drain, add_resume):
+                add_inspect, add_attach, add_signal, add_top, add_completion, add_man,
+                add_cluster, add_nodes, add_drain, add_resume):
         add(sub)
     return p
 
@@ -346,3 +346,16 @@ def add_man(sub: Any) -> None:
          "Print the manual page, written from this very parser, as roff.",
          epilog="examples:\n  tether man | man -l -\n  tether man > /usr/local/share/man/man1/"
          "tether.1")
+
+
+def add_top(sub: Any) -> None:
+    s = verb(sub, "top", "a live view of the node: allocations, running and pending jobs",
+             "A live full-screen view of the node, refreshed every --interval: the agent's "
+             "allocations, the running jobs with their CPU use (percent of one CPU since the "
+             "last refresh) and memory from their supervisors, the pending jobs with the reason "
+             "they wait, the last jobs to end. Ctrl-C quits. When stdout is not a terminal it "
+             "prints one plain snapshot per refresh instead.")
+    s.add_argument("--interval", type=positive_seconds, default=1.0, metavar="SECONDS",
+                   help="time between refreshes (default 1)")
+    s.add_argument("--iterations", type=positive, metavar="N",
+                   help="stop after N refreshes (default: until Ctrl-C)")

@@ -15,8 +15,12 @@ import time
 TETHER = [sys.executable, "-m", "tether.cli.main"]
 
 
+#: bold headings on a terminal only: no escape codes in a file or a pipe (or with NO_COLOR set)
+COLOUR = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
+
+
 def say(text: str) -> None:
-    print(f"\n\033[1m== {text}\033[0m", flush=True)
+    print(f"\n\033[1m== {text}\033[0m" if COLOUR else f"\n== {text}", flush=True)
 
 
 def main() -> int:

@@ -3,5 +3,5 @@
 # timeout has its job requeued and completed elsewhere, and kills its stale run on return.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+bash scripts/setup.sh --cluster
 exec .venv/bin/python scripts/demo_cluster.py

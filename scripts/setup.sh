@@ -1,15 +1,33 @@
 #!/usr/bin/env bash
-# Installs what tether needs on a fresh Debian machine (run as root, or with sudo available):
-# libcap headers for python-prctl, Debian's python3 with venv, and a venv at .venv with tether.
+# Installs what tether needs on a fresh Debian machine (run as root, or with sudo available).
+#   bash scripts/setup.sh          tether itself, and nothing more (what the demo runs on):
+#                                  libcap headers for python-prctl, Debian's python3 with venv,
+#                                  and a venv at .venv with tether and its dependencies
+#   bash scripts/setup.sh --cluster  also postgresql (scripts/demo_cluster.sh starts a throwaway
+#                                  server in a temporary directory)
+#   bash scripts/setup.sh --tests  also what the tests need (scripts/test.sh): pytest, ruff and
+#                                  mypy in .venv, and from Debian mpich, libmpich-dev and
+#                                  libpmi2-0-dev (real MPI and PMI-2 clients for the PMI tests),
+#                                  postgresql (the cluster tests' server), zsh (the zsh
+#                                  completion is loaded by a real zsh), groff-base
+#                                  (the man page is rendered) and tmux (`tether top` runs in a
+#                                  real terminal)
 # Debian's /usr/bin/python3 is used (not a pyenv shim): it starts fast and other users can run it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
+packages=(libcap-dev python3-venv python3-dev)
+target="."
+case "${1:-}" in
+    "") ;;
+    --cluster) packages+=(postgresql);;
+    --tests) packages+=(mpich libmpich-dev libpmi2-0-dev postgresql zsh groff-base tmux)
+             target=".[test]";;
+    *) echo "usage: bash scripts/setup.sh [--cluster|--tests]" >&2; exit 2;;
+esac
 need=()
-# mpich, libmpich-dev, libpmi2-0-dev: real MPI and PMI-2 clients for the PMI tests
-# postgresql: the server the cluster tests, demo and benchmark start in a temporary directory
-for pkg in libcap-dev python3-venv python3-dev mpich libmpich-dev libpmi2-0-dev postgresql; do
+for pkg in "${packages[@]}"; do
     dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done
 if [ ${#need[@]} -gt 0 ]; then
@@ -21,7 +39,7 @@ if [ ! -x .venv/bin/python ]; then
     /usr/bin/python3 -m venv .venv
 fi
 # compat mode: a plain path in a .pth, not an import hook (which cost every supervisor ~30 ms)
-.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]' \
+.venv/bin/python -m pip install -q --disable-pip-version-check -e "$target" \
     --config-settings editable_mode=compat
 # Bytecode for tether itself, whatever PYTHONDONTWRITEBYTECODE says (it is set on these machines,
 # and an editable install ships none): without it every process start is ~30% slower. The real

@@ -21,8 +21,8 @@ from contextlib import contextmanager
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PIP = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
 #: tether's dependencies, setuptools (to build) and supervisord (to install beside tether)
-DEPS = ("pyzmq", "msgpack", "setproctitle", "python-prctl", "psycopg[binary]", "setuptools",
-        "supervisor")
+DEPS = ("pyzmq", "msgpack", "setproctitle", "python-prctl", "rich", "psycopg[binary]",
+        "setuptools", "supervisor")
 WHEELHOUSE = (f"/tmp/tether-wheelhouse-py{sys.version_info[0]}{sys.version_info[1]}-"
               + hashlib.sha256(" ".join(DEPS).encode()).hexdigest()[:8])
 #: release 0.1.0: the last build of the history before versions meant something

@@ -61,7 +61,7 @@ def test_bash_completes_commands_options_and_values(bash_script: str) -> None:
 
 def test_zsh_script_parses_and_registers() -> None:
     if shutil.which("zsh") is None:
-        pytest.fail("zsh is not installed (scripts/setup.sh installs it for the tests)")
+        pytest.fail("zsh is not installed (scripts/setup.sh --tests installs it)")
     d = tempfile.mkdtemp(dir="/tmp", prefix="ttz")
     try:
         path = os.path.join(d, "_tether")

@@ -22,7 +22,7 @@ HERE = os.path.join(os.path.dirname(__file__), "mpi")
 def programs() -> Iterator[dict[str, str]]:
     for tool in ("mpicc", "gcc"):
         if shutil.which(tool) is None:
-            pytest.fail(f"{tool} is missing: run scripts/setup.sh (it installs mpich, "
+            pytest.fail(f"{tool} is missing: run scripts/setup.sh --tests (it installs mpich, "
                         "libmpich-dev and libpmi2-0-dev)")
     out = tempfile.mkdtemp(dir="/tmp", prefix="ttmpi")
     built = {"hello": os.path.join(out, "hello_mpi"), "pmi2": os.path.join(out, "pmi2_client")}

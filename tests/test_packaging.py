@@ -52,7 +52,7 @@ def test_pip_install_puts_only_tether_beside_supervisord(scratch: str) -> None:
     site = site_packages(python)
     bindir = os.path.dirname(python)
     pip_install(python, "supervisor", "pyzmq", "msgpack", "setproctitle", "python-prctl",
-                "psycopg[binary]")
+                "rich", "psycopg[binary]")
     before_site, before_bin = set(os.listdir(site)), set(os.listdir(bindir))
 
     pip_install(python, src)  # what an operator types: pip install . (the stale build/ too)
