@@ -27,6 +27,7 @@ import re
 import signal as _signal
 import socket
 import stat
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -137,6 +138,16 @@ class StepClient:
             return self.ident.alive()
         return probe_unix(self.path) is None
 
+    def _dying(self, within: float = 1.0) -> bool:
+        """Is the supervisor gone, or going? A door's connection closes while its process is
+        still exiting, before /proc shows it dead: give it ``within`` seconds to show it."""
+        deadline = time.monotonic() + within
+        while self._alive():
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.02)
+        return True
+
     def _watch(self) -> None:
         if not self._alive():
             raise self._gone("its process exited")
@@ -155,7 +166,7 @@ class StepClient:
                 raise self._too_old(kind) from None
             raise
         except Unreachable:
-            if not self._alive():
+            if self._dying():
                 raise self._gone("no reply, and it is no longer running") from None
             raise
 
@@ -167,7 +178,7 @@ class StepClient:
         try:
             res = self.client.hello(timeout=None, watch=self._watch)
         except Unreachable:
-            if not self._alive():
+            if self._dying():
                 raise self._gone("no reply, and it is no longer running") from None
             raise
         self.hello = res
