@@ -55,8 +55,6 @@ MAX_COMMAND_BYTES = 128 * 1024
 PMI_KINDS = ("none", "pmi1", "pmi2")
 #: The node name keeps two agents' outputs apart in a shared directory (job ids are per agent).
 DEFAULT_OUTPUT = "tether-%N-%j.out"
-#: An array element's, as Slurm's slurm-%A_%a.out.
-DEFAULT_ARRAY_OUTPUT = "tether-%N-%A_%a.out"
 
 
 def hello(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
@@ -119,27 +117,23 @@ def _submitter(peer: Peer, user_name: str | None) -> users.User:
     return users.by_uid(peer.uid, peer.gid)
 
 
-def expand_paths(job_id: int, name: str, workdir: str, output: str | None,
-                 error: str | None, user: str, node: str, array_id: int | None = None,
-                 index: int | None = None) -> tuple[str, str]:
-    """The job's output and error names (absolute patterns, or None for the defaults) with its
-    tokens expanded (``%t`` and ``%%`` are left for the task's files: ``shared/outpattern``).
-    ``array_id`` and ``index`` for an array element. Nothing is looked at on disk."""
-    default = os.path.join(workdir, DEFAULT_OUTPUT if index is None else DEFAULT_ARRAY_OUTPUT)
+def expand_paths(job_id: int, name: str, output: str, error: str, user: str, node: str,
+                 array_id: int | None = None, array_index: int | None = None,
+                 ) -> tuple[str, str]:
+    """The output and error names with the job's tokens expanded (``%t`` is left to the
+    supervisor, which gives each task its files). Nothing is looked at on disk."""
     values = {"j": str(job_id), "x": name, "u": user, "N": node,
               "A": str(job_id if array_id is None else array_id),
-              "a": str(0 if index is None else index)}
-    out = outpattern.for_job(output or default, values)
-    err = outpattern.for_job(error, values) if error else out
-    return out, err
+              "a": str(array_index or 0)}
+    return outpattern.for_job(output, values), outpattern.for_job(error, values)
 
 
-def output_paths(job: Job, output: str | None, error: str | None, user: str, node: str,
-                 array_id: int | None = None, index: int | None = None) -> tuple[str, str]:
-    """``expand_paths`` for a recorded job, each name's directory checked to exist (by this
+def output_paths(job: Job, output: str, error: str, user: str, node: str) -> tuple[str, str]:
+    """``expand_paths`` for a recorded job; each name's directory must exist (checked by this
     process: a submission checks them as its user instead, ``users.check_access``)."""
-    out, err = expand_paths(job.id, job.name, job.workdir, output, error, user, node,
-                            array_id, index)
+    out, err = expand_paths(job.id, job.name, output, error, user, node,
+                            getattr(job, "array_id", None),  # arrays: the scheduler's columns
+                            getattr(job, "array_index", None))
     for label, path in (("output", out), ("error", err)):
         if not os.path.isdir(os.path.dirname(outpattern.for_task(path, 0))):
             raise BadRequest(f"{label} file {path}: its directory does not exist")
@@ -199,7 +193,9 @@ def submit(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
         and, as that user, whether the workdir can be entered and the outputs written (root
         would see what she cannot)."""
         user = _submitter(peer, user_name)
-        out, err = expand_paths(job_id, name, workdir, output, error, user.name, node)
+        default = os.path.join(workdir, DEFAULT_OUTPUT)
+        out, err = expand_paths(job_id, name, output or default, error or output or default,
+                                user.name, node)
         paths = sorted(task_paths(out, err, ntasks))
         if user.uid == os.geteuid():
             users.check_own_access(workdir, paths)

@@ -121,6 +121,8 @@ class Agent:
         self.schedule_due = False
         self.pidfd_owners: dict[int, Link] = {}
         self.lock_fd = -1
+        self.dir_fd = -1
+        #: (device, inode) of the socket this agent bound: it never unlinks another's
         self.store: Store | None = None
         self.spawner = Spawner(self.layout, self.timers,
                                watch=lambda fd: self.poller.register(fd, zmq.POLLIN),
@@ -143,16 +145,23 @@ class Agent:
     def run(self) -> int:
         self.layout.check()
         try:  # ours alone, or refused: see statedir.py
-            dir_fd = statedir.open_state_dir(self.cfg.state_dir)
-            try:
-                self.lock_fd = statedir.open_lock(dir_fd, self.cfg.state_dir)
-            finally:
-                os.close(dir_fd)
+            # The state directory itself is locked below: unlike agent.lock, it cannot be
+            # removed from under a live agent (agent.lock is still taken, for agents that know
+            # only that one).
+            self.dir_fd = statedir.open_state_dir(self.cfg.state_dir)
+            self.lock_fd = statedir.open_lock(self.dir_fd, self.cfg.state_dir)
         except statedir.UnsafeStateDir as exc:
+            if self.dir_fd >= 0:
+                os.close(self.dir_fd)
+                self.dir_fd = -1
             raise AgentError(str(exc)) from None
         try:
+            fcntl.flock(self.dir_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             fcntl.flock(self.lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
+            os.close(self.dir_fd)
+            os.close(self.lock_fd)
+            self.dir_fd = self.lock_fd = -1
             raise AgentError(f"another agent is running on {self.cfg.state_dir}") from None
         os.ftruncate(self.lock_fd, 0)
         os.write(self.lock_fd, f"{os.getpid()}\n".encode())
@@ -207,6 +216,8 @@ class Agent:
             self.store.close()
         if self.lock_fd >= 0:
             os.close(self.lock_fd)
+        if self.dir_fd >= 0:
+            os.close(self.dir_fd)
         log.info("agent stopped; supervisors and jobs left running")
 
     def reattach_done(self) -> None:
@@ -798,6 +809,15 @@ class Agent:
             return
         log.error("a live supervisor in %s serves no attempt this agent knows about; leaving "
                   "it alone", rd.path)
+
+
+def _inode(path: str) -> tuple[int, int, int] | None:
+    """Which file is at ``path``: inode numbers are reused at once, creation times are not."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_ctime_ns)
 
 
 def _wake_only(signum: int, frame: object) -> None:

@@ -68,7 +68,7 @@ def wait_for(layout: Layout, job: int, timeout: float | None, as_json: bool = Fa
             if not warned:
                 print(f"tether: {exc}; still waiting", file=sys.stderr)
                 warned = True
-            time.sleep(min(0.2, max(0.0, left)))
+            time.sleep(min(0.05, max(0.0, left)))
             continue
         if res.get("done"):
             if as_json:

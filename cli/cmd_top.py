@@ -4,13 +4,16 @@ What it shows: the agent's node and allocations; the running jobs with their CPU
 of one CPU over the last refresh, from the supervisor's ``stats``, as ``inspect --stats``) and
 memory; the pending jobs with why they wait; the last jobs to end. The agent may be down or
 restarting: the view says so and keeps trying. On a terminal it takes the whole screen until
-Ctrl-C (or ``--iterations``); elsewhere it prints one plain snapshot per refresh.
+q or Ctrl-C (or ``--iterations``); elsewhere it prints one plain snapshot per refresh.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -138,7 +141,7 @@ def render(snap: Snapshot, interval: float) -> Any:
     for j in reversed(snap.ended):
         ended.add_row(label(j), j["name"], j["state"], fmt_exit(j), elapsed(j))
     return Group(head, alloc, running, pending, ended,
-                 Text(f"refreshed every {interval:g}s; Ctrl-C quits", style="dim"))
+                 Text(f"refreshed every {interval:g}s; q or Ctrl-C quits", style="dim"))
 
 
 def bar(used: int, total: int, width: int = 30) -> Any:
@@ -164,13 +167,43 @@ def top(layout: Layout, ns: argparse.Namespace) -> int:
             count += 1
         return 0
     try:
-        with Live(render(watcher.snapshot(), ns.interval), console=console, screen=True,
-                  auto_refresh=False) as live:
+        with keys() as pressed, Live(render(watcher.snapshot(), ns.interval), console=console,
+                                     screen=True, auto_refresh=False) as live:
             count = 1
             while ns.iterations is None or count < ns.iterations:
-                time.sleep(ns.interval)
+                if pressed(ns.interval) in ("q", "Q"):
+                    break
                 live.update(render(watcher.snapshot(), ns.interval), refresh=True)
                 count += 1
     except KeyboardInterrupt:
         pass  # the way out of a live view: not an error
     return 0
+
+
+@contextmanager
+def keys() -> Iterator[Callable[[float], str]]:
+    """Keys typed while the view is up, one at a time without Enter (stdin in cbreak mode,
+    restored on the way out); waiting for one is the refresh's sleep."""
+    import select
+    import sys
+    import termios
+    import tty
+
+    fd = sys.stdin.fileno()
+    try:
+        saved = termios.tcgetattr(fd)
+    except (termios.error, OSError):  # stdin is not a terminal: no keys, just the clock
+        def wait(timeout: float) -> str:
+            time.sleep(timeout)
+            return ""
+        yield wait
+        return
+
+    def read(timeout: float) -> str:
+        ready, _, _ = select.select([fd], [], [], timeout)
+        return os.read(fd, 1).decode(errors="replace") if ready else ""
+    tty.setcbreak(fd)
+    try:
+        yield read
+    finally:
+        termios.tcsetattr(fd, termios.TCSADRAIN, saved)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -21,17 +23,52 @@ def agent_call(layout: Layout, kind: str, args: dict[str, Any] | None = None,
     why = probe_unix(layout.sock)
     if why is not None:
         raise CliError(f"no agent is answering at {layout.sock} ({why})")
+    watch = None
+    if timeout > 5.0:  # a long poll: notice an agent that dies while holding it
+        watch = AgentWatch(layout.sock)
     with Client(layout.sock, timeout=timeout) as client:
         try:
             try:
-                return client.call(kind, args or {})
+                return client.call(kind, args or {}, watch=watch)
             except RemoteError as exc:
                 older = {k: v for k, v in (args or {}).items() if k not in NEWER_ARGS}
                 if client.legacy is None or exc.code != "bad_request" or older == args:
                     raise
-                return client.call(kind, older)  # a 0.1 agent: what it knows, nothing lost
+                return client.call(kind, older, watch=watch)  # a 0.1 agent: what it knows
         except Unreachable as exc:
             raise CliError(f"the agent did not answer: {exc.message}") from None
+
+
+class AgentWatch:
+    """Raises once the agent a request went to is gone: its socket file was removed or
+    replaced (a restarted agent binds a new one), or nobody accepts on it any more. A request
+    parked in a dead agent is never answered; the caller asks again at once instead of
+    waiting out its deadline."""
+
+    PROBE_EVERY = 1.0
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.inode = _inode(path)
+        self.probed = time.monotonic()
+
+    def __call__(self) -> None:
+        if _inode(self.path) != self.inode:
+            raise CliError(f"the agent at {self.path} went away (its socket was replaced)")
+        if time.monotonic() - self.probed >= self.PROBE_EVERY:
+            self.probed = time.monotonic()
+            why = probe_unix(self.path)
+            if why is not None:
+                raise CliError(f"the agent at {self.path} went away ({why})")
+
+
+def _inode(path: str) -> tuple[int, int, int] | None:
+    """Which file is at ``path``: inode numbers are reused at once, creation times are not."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_ctime_ns)
 
 
 def all_jobs(layout: Layout) -> list[dict[str, Any]]:

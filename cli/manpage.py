@@ -63,7 +63,8 @@ def page(top: argparse.ArgumentParser) -> str:
         f'.TH TETHER 1 "{date}" "tether {esc(tether.__version__)}" "User Commands"',
         ".SH NAME", "tether \\- run jobs on a node under per\\-step supervisors",
         ".SH SYNOPSIS", ".nf", bold("tether") + " [\\fB\\-V\\fR] [\\fB\\-\\-state\\-dir\\fR "
-        "\\fIDIR\\fR] \\fICOMMAND\\fR [\\fIOPTIONS\\fR] ...", ".fi",
+        "\\fIDIR\\fR] [\\fB\\-\\-cluster\\fR \\fIDSN\\fR] \\fICOMMAND\\fR [\\fIOPTIONS\\fR] ...",
+        ".fi",
         ".SH DESCRIPTION", esc(top.description or ""),
         ".PP", esc("A node agent (tether agent) queues jobs and starts one long-lived supervisor "
                    "per job step; the other commands talk to the agent, and inspect, attach and "

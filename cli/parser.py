@@ -35,6 +35,7 @@ EXIT_CODES = """exit codes:
   2    bad usage
   124  wait --timeout ran out
   130  interrupted (Ctrl-C)
+  141  whoever read the output went away (tether list | head), as a SIGPIPE death
   wait and submit --wait exit with the job's own exit code, 128+N if signal N killed it"""
 
 
@@ -110,7 +111,8 @@ def add_json(sp: Parser, what: str) -> None:
 def build_parser() -> Parser:
     from tether import __version__
 
-    p = Parser(prog="tether", usage="tether [-V] [--state-dir DIR] COMMAND [OPTIONS] ...",
+    p = Parser(prog="tether",
+               usage="tether [-V] [--state-dir DIR] [--cluster DSN] COMMAND [OPTIONS] ...",
                description="Run jobs on this node, each step under its own long-lived supervisor.",
                epilog=EXIT_CODES + "\n\n'tether COMMAND --help' describes each command.")
     p.add_argument("-V", "--version", action="version", version=f"tether {__version__}",
@@ -353,7 +355,7 @@ def add_top(sub: Any) -> None:
              "A live full-screen view of the node, refreshed every --interval: the agent's "
              "allocations, the running jobs with their CPU use (percent of one CPU since the "
              "last refresh) and memory from their supervisors, the pending jobs with the reason "
-             "they wait, the last jobs to end. Ctrl-C quits. When stdout is not a terminal it "
+             "they wait, the last jobs to end. q or Ctrl-C quits. When stdout is not a terminal it "
              "prints one plain snapshot per refresh instead.")
     s.add_argument("--interval", type=positive_seconds, default=1.0, metavar="SECONDS",
                    help="time between refreshes (default 1)")

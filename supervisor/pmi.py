@@ -470,6 +470,13 @@ class PmiServer:
                 )
         return self._check_stuck(rank)
 
+    def step_failing(self, reason: str) -> None:
+        """The supervisor is ending the step for ``reason`` (a rank failed outside PMI) and is
+        about to kill the other ranks: their deaths are its doing, not PMI failures, so nothing
+        they cause is reported as the step's cause (the first failure's story is told)."""
+        if self._failure is None:
+            self._failure = reason
+
     def snapshot(self) -> dict[str, Any]:
         """Plain data for introspection (JSON/msgpack-friendly)."""
         return {

@@ -50,7 +50,7 @@ from tether.supervisor import handlers, introspect
 from tether.supervisor.launch import Launcher, LaunchFailed, Opened, Opener, output_paths
 from tether.supervisor.pmi import Abort, Broken, Finalized, Output, PmiServer, ProtocolError, Send
 from tether.supervisor.pmi_io import PmiChannels, clean_env
-from tether.supervisor.step import Phase, Step, signal_name
+from tether.supervisor.step import Phase, Step, bounded, signal_name
 
 log = logging.getLogger("tether.supervisor")
 
@@ -60,6 +60,8 @@ DRAIN_TIMEOUT = 10.0
 OPEN_TIMEOUT = 5.0
 #: How long the final reply (to ack) may take to leave before the socket is dropped.
 CLOSE_LINGER_MS = 1000
+#: seconds between attempts to write an exit record that could not be written (a full disk)
+RECORD_RETRY = 1.0
 MAX_HOLD = 600.0
 #: How often parked output followers' files are checked for growth (only while any is parked).
 FOLLOW_POLL = 0.05
@@ -124,6 +126,8 @@ class Supervisor:
         self.record: dict[str, Any] | None = None
         self.running = True
         self.remove_rundir = False
+        #: the exit record is on disk (fsync'd); until then only this process holds it
+        self.record_durable = False
         self.kill_timer: Timer | None = None
         self.drain_timer: Timer | None = None
         self.claim_timer: Timer | None = None
@@ -174,6 +178,7 @@ class Supervisor:
         poller.register(self.router, zmq.POLLIN)
         poller.register(wake_r, zmq.POLLIN)
         poller.register(self.door.fileno(), zmq.POLLIN)
+        status = 0
         try:
             while self.running:
                 events = dict(poller.poll(self.timers.timeout_ms(time.monotonic())))
@@ -189,8 +194,16 @@ class Supervisor:
                     if self.channels is not None:
                         self.pmi_events(events)
                     self.timers.run_due(time.monotonic())
-                except Exception:  # the step outlives a bug in one code path
-                    log.exception("internal error in the supervisor loop")
+                except Exception:
+                    # Crash-only: requests and launches handle their own errors; anything else
+                    # means this process cannot be trusted to go on. Its tasks are killed, so
+                    # none runs untracked, and the agent gives the verdict from the run
+                    # directory (lost: the manifest says the tasks ran).
+                    log.exception("the supervisor cannot go on; killing the step's tasks and "
+                                  "exiting")
+                    self.give_up()
+                    status = 3
+                    break
         finally:
             self.door.close()
             self.router.close(linger=CLOSE_LINGER_MS)
@@ -202,7 +215,14 @@ class Supervisor:
             else:
                 _unlink(self.rd.ctl_sock)
         log.info("supervisor exits")
-        return 0
+        return status
+
+    def give_up(self) -> None:
+        for task in self.step.tasks:
+            if task.pid and not task.done:
+                _killpg(task.pid, signal.SIGKILL)
+        with contextlib.suppress(Exception):
+            self.sweep()
 
     def signal_ready(self) -> None:
         if self.ready_fd < 0:
@@ -334,6 +354,9 @@ class Supervisor:
             for task in self.step.tasks:
                 if task.pid and not task.done:
                     _killpg(task.pid, signal.SIGKILL)
+        except Exception as exc:  # EMFILE, ENOMEM, a bug: never a half-started step
+            log.exception("launch failed")
+            self.fail_launch(f"launch failed: {exc}")
         self.sync_pmi_registrations()
         for task in self.step.tasks:
             if task.pid:
@@ -354,6 +377,28 @@ class Supervisor:
                     f"{self.step.abort_reason}")))
             else:
                 self.reply(p.peer, protocol.ok(p.rid, handlers.claim_result(self)))
+
+    def fail_launch(self, reason: str) -> None:
+        """The tasks already started are killed, the rest never start, and the first of those
+        carries ``reason`` into the exit record (exit code 127, like a failed exec)."""
+        if self.pmi is not None:
+            self.pmi.step_failing(reason)
+        told = False
+        for task in self.step.tasks:
+            if task.done:
+                continue
+            if task.pid:
+                task.killed_by_step = True
+                _killpg(task.pid, signal.SIGKILL)
+            elif not told:
+                task.record_launch_failure(reason)
+                self.step.note_exit(task)
+                told = True
+            else:
+                task.done = True
+                task.reason = bounded(f"not started: {reason}")
+        if not told:  # every task had started: the step fails for this reason all the same
+            self.step.force_failure(reason)
 
     def claim_expired(self) -> None:
         if self.step.phase is not Phase.READY:
@@ -458,6 +503,12 @@ class Supervisor:
         self.timers.at(time.monotonic() + linger, self.linger_expired)
 
     def linger_expired(self) -> None:
+        if not self.record_durable:
+            # The result exists only in this process: exiting would lose it.
+            log.warning("no agent acknowledged the result and it is not on disk yet; "
+                        "staying another %gs", self.spec["linger"])
+            self.timers.at(time.monotonic() + float(self.spec["linger"]), self.linger_expired)
+            return
         log.warning("no agent acknowledged the result within %gs; exiting and leaving the "
                     "exit record at %s", self.spec["linger"], self.rd.sentinel)
         self.running = False
@@ -567,6 +618,8 @@ class Supervisor:
         self.kill_ranks(reason)
 
     def kill_ranks(self, why: str) -> None:
+        if self.pmi is not None:
+            self.pmi.step_failing(why)  # before the kills: their deaths are not the cause
         live = self.step.live_pids()
         if live:
             log.warning("%s: killing ranks %s", why,
@@ -589,10 +642,20 @@ class Supervisor:
 
     def write_record(self) -> None:
         self.record = self.build_record()
+        self.retry_record()
+
+    def retry_record(self) -> None:
+        """Make the exit record durable; while that fails (a full disk) it is served from
+        memory and written again every RECORD_RETRY seconds."""
+        if self.remove_rundir or not self.running:
+            return
         try:
             records.atomic_write_json(self.rd.sentinel, self.record)
-        except OSError as exc:  # still served from memory to the agent
-            log.error("cannot write the exit record %s: %s", self.rd.sentinel, exc)
+            self.record_durable = True
+        except OSError as exc:
+            log.error("cannot write the exit record %s: %s; trying again in %gs",
+                      self.rd.sentinel, exc, RECORD_RETRY)
+            self.timers.at(time.monotonic() + RECORD_RETRY, self.retry_record)
 
     def write_manifest(self, *, launching: bool = False) -> bool:
         assert self.ident is not None

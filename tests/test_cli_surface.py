@@ -53,6 +53,13 @@ def test_mistyped_command_suggests_the_real_one(typo: str, meant: str) -> None:
     assert f"did you mean '{meant}'?" in one_line(res)
 
 
+def test_mistyped_option_value_suggests_the_real_one() -> None:
+    res = cli("submit", "--pmi", "pm1", "--", "true")
+    assert res.returncode == USAGE
+    err = one_line(res)
+    assert "invalid choice 'pm1'; did you mean 'pmi1'?" in err and "none, pmi1, pmi2" in err
+
+
 def test_unknown_option_suggests_a_close_one_of_that_command() -> None:
     res = cli("submit", "--cpu", "2", "--", "true")
     assert res.returncode == USAGE

@@ -47,7 +47,8 @@ def test_snapshots_in_a_pipe(node: Node, busy: dict[str, int]) -> None:
     assert re.search(r"pending \(2\)", out) and "blocked" in out
 
 
-def test_live_view_in_a_terminal(node: Node, busy: dict[str, int]) -> None:
+@pytest.mark.parametrize("quit_key", ["q", "C-c"])
+def test_live_view_in_a_terminal(node: Node, busy: dict[str, int], quit_key: str) -> None:
     if shutil.which("tmux") is None:
         pytest.fail("tmux is not installed (scripts/setup.sh --tests installs it)")
     d = tempfile.mkdtemp(dir="/tmp", prefix="tttop")
@@ -74,10 +75,10 @@ def test_live_view_in_a_terminal(node: Node, busy: dict[str, int]) -> None:
         cells = [c.strip() for c in row.split("│")]
         assert float(cells[5]) > 0, row
         assert "tether top" in screen() and "blocked" in screen()
-        subprocess.run([*tmux, "send-keys", "C-c"], check=True, timeout=30)
+        subprocess.run([*tmux, "send-keys", quit_key], check=True, timeout=30)
         poll_until(lambda: subprocess.run([*tmux, "has-session"], capture_output=True,
                                           timeout=30).returncode != 0, 30,
-                   "top to quit on Ctrl-C")
+                   f"top to quit on {quit_key}")
     finally:
         subprocess.run([*tmux, "kill-server"], capture_output=True, timeout=30)
         shutil.rmtree(d)

@@ -755,6 +755,20 @@ def test_rank_dying_mid_barrier_breaks_it() -> None:
     assert ranks.v1(1, "cmd=get_appnum") != []
 
 
+def test_ranks_the_step_kills_after_a_failure_are_not_blamed() -> None:
+    """Rank 1 fails before PMI init; the supervisor tells the server the step is failing and
+    kills the others: their deaths must not become the step's cause (they used to: "rank 0
+    failed after connecting to PMI ...", the intermittent test_mpi failure)."""
+    ranks = Ranks(size=3)
+    ranks.init1(0)
+    ranks.init1(2)
+    assert ranks.pmi.rank_exited(1, False) == []
+    ranks.pmi.step_failing("rank 1 exited with code 3")
+    assert ranks.pmi.rank_exited(0, False) == []
+    assert ranks.pmi.rank_exited(2, False) == []
+    assert ranks.pmi.snapshot()["failure"] == "rank 1 exited with code 3"
+
+
 def test_rank_dying_inside_the_barrier_breaks_it() -> None:
     ranks = Ranks(size=2)
     ranks.init1(0)
