@@ -117,7 +117,8 @@ class Door:
     def __init__(self, path: str, timers: Timers, on_request: OnRequest, *, name: str,
                  log: logging.Logger, limits: Limits = Limits(),
                  privileged: frozenset[int] | None = None,
-                 on_close: Callable[[Conn], None] | None = None) -> None:
+                 on_close: Callable[[Conn], None] | None = None,
+                 listen_fd: int | None = None) -> None:
         self.path = path
         self.timers = timers
         self.on_request = on_request
@@ -146,7 +147,10 @@ class Door:
         self.ep = select.epoll()
         self.kick_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self.ep.register(self.kick_fd, _IN)
-        self.listener = _bind(path)
+        # a listening socket the caller keeps (across an exec, say) is used through a copy
+        self.listener = (_bind(path) if listen_fd is None else
+                         socket.socket(fileno=os.dup(listen_fd)))
+        self.listener.setblocking(False)
         self.bound_ino = os.stat(path).st_ino
         self.ep.register(self.listener.fileno(), _IN)
         self.closed = False
@@ -201,7 +205,9 @@ class Door:
             self._arm(conn)
             self._wake_uid(conn.uid)
 
-    def close(self) -> None:
+    def close(self, unlink: bool = True) -> None:
+        """Close every connection and the listener; ``unlink`` the path (if it is still the
+        socket bound here) unless the caller keeps the listening socket for a successor."""
         if self.closed:
             return
         self.closed = True
@@ -210,6 +216,8 @@ class Door:
         self.ep.close()
         os.close(self.kick_fd)
         self.listener.close()
+        if not unlink:
+            return
         try:  # never unlink a socket someone else bound at our path since
             if os.stat(self.path).st_ino == self.bound_ino:
                 os.unlink(self.path)
@@ -541,6 +549,12 @@ def answer(call: Callable[[], object], req: protocol.Request, peer: object,
         return
     if result is not pending:
         reply(protocol.ok(req.id, result))
+
+
+def listen_socket(path: str) -> int:
+    """A door's listening socket at ``path``, as an fd the caller owns (and may keep across
+    an exec: ``Door(listen_fd=...)`` works on a copy)."""
+    return _bind(path).detach()
 
 
 def _bind(path: str) -> socket.socket:

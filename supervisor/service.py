@@ -32,6 +32,7 @@ import shutil
 import signal
 import socket
 import stat
+import sys
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -40,13 +41,13 @@ import zmq
 
 import tether
 from tether.shared import protocol, records, wire
-from tether.shared.door import Conn, Door, answer
+from tether.shared.door import Conn, Door, answer, listen_socket
 from tether.shared.errors import LaunchError, StateError, TetherError
 from tether.shared.parking import Lot, Parked
 from tether.shared.paths import RunDir
 from tether.shared.procid import ProcId, all_processes
 from tether.shared.timers import Timer, Timers, rfc3339_now
-from tether.supervisor import handlers, introspect
+from tether.supervisor import handlers, handover, introspect
 from tether.supervisor.launch import Launcher, LaunchFailed, Opened, Opener, output_paths
 from tether.supervisor.pmi import Abort, Broken, Finalized, Output, PmiServer, ProtocolError, Send
 from tether.supervisor.pmi_io import PmiChannels, clean_env
@@ -141,11 +142,22 @@ class Supervisor:
         #: rank -> CLOCK_BOOTTIME seconds when the task was reaped (for ``stats``' elapsed)
         self.task_end_boottime: dict[int, float] = {}
         self.ack_deadline: float | None = None
+        #: how many times this process re-executed itself (``upgrade``): same pid, new image
+        self.generation = 0
+        #: the listening socket the ROUTER is bound on; kept across exec (handover.py)
+        self.listen_fd = -1
+        #: the door's listening socket; kept across exec too. -1 after resuming from an image
+        #: of before the doors (handover format 1): that one keeps its ROUTER on ``sock``
+        self.door_fd = -1
+        self.upgrade_requested = False
+        #: the release this process ran before its last re-exec, if any
+        self.upgraded_from: str | None = None
+        self.resumed = False
 
     # ---- loop ------------------------------------------------------------------------------
 
     def run(self) -> int:
-        reset_signal_dispositions()
+        reset_signal_dispositions(unblock=False)
         wake_r, wake_w = socket.socketpair()
         wake_r.setblocking(False)
         wake_w.setblocking(False)
@@ -154,30 +166,41 @@ class Supervisor:
         # SIGQUIT/SIGUSR1/SIGUSR2 must not kill the step's supervisor: they are logged.
         for sig in (signal.SIGCHLD, *TERMINATING, *IGNORED_SIGNALS):
             signal.signal(sig, _wake_only)
+        # only now: a re-executed supervisor arrives with these blocked (handover.py)
+        signal.pthread_sigmask(signal.SIG_SETMASK, [])
         ctx: zmq.Context[Any] = zmq.Context()
         # ZeroMQ for the agent only, inside ctl/ (0700): no other user can even connect to it.
-        # People come through the door, where every request is authorized per verb.
-        private_dir(self.rd.ctl)
-        old_umask = os.umask(0o077)
-        try:
-            self.router = wire.bind_router(ctx, self.rd.ctl_sock)
-        finally:
-            os.umask(old_umask)
-        self.door = Door(self.rd.sock, self.timers, self.on_door_request, name="supervisor door",
-                         log=log, on_close=self.on_door_close,
-                         privileged=frozenset({0, os.getuid(), int(self.spec["agent_uid"])}))
+        # People come through the door, where every request is authorized per verb. Both
+        # listening sockets are kept across an upgrade's exec (handover.py).
+        if self.listen_fd < 0:
+            private_dir(self.rd.ctl)
+            old_umask = os.umask(0o077)
+            try:
+                self.listen_fd = handover.listen(self.rd.ctl_sock)
+            finally:
+                os.umask(old_umask)
+            self.door_fd = listen_socket(self.rd.sock)
+        self.router = handover.bind_router(ctx, self.router_path(), self.listen_fd)
+        self.door = self.open_door()
         # The agent may connect now: its hello is queued by ZeroMQ while the manifest's fsyncs
         # run, and answered after them (the manifest's "ready" is not something it waits for).
         self.signal_ready()
         self.write_manifest()
-        self.claim_timer = self.timers.at(
-            time.monotonic() + float(self.spec["claim_timeout"]), self.claim_expired)
-        log.info("ready on %s (%s start); waiting up to %gs for the agent's claim",
-                 self.rd.sock, self.start_kind, self.spec["claim_timeout"])
+        if self.resumed:
+            log.info("re-executed as tether %s (was %s), generation %d; serving %s again",
+                     tether.__version__, self.upgraded_from, self.generation, self.rd.sock)
+            if self.step.phase in (Phase.RUNNING, Phase.DRAINING):
+                self.reap()  # a task may have ended while signals were blocked
+        else:
+            self.claim_timer = self.timers.at(
+                time.monotonic() + float(self.spec["claim_timeout"]), self.claim_expired)
+            log.info("ready on %s (%s start); waiting up to %gs for the agent's claim",
+                     self.rd.sock, self.start_kind, self.spec["claim_timeout"])
         poller = self.poller
         poller.register(self.router, zmq.POLLIN)
         poller.register(wake_r, zmq.POLLIN)
-        poller.register(self.door.fileno(), zmq.POLLIN)
+        if self.door is not None:
+            poller.register(self.door.fileno(), zmq.POLLIN)
         status = 0
         try:
             while self.running:
@@ -187,10 +210,13 @@ class Supervisor:
                         self.on_signals(wake_r)
                     if self.router in events:
                         self.serve()
-                    if self.door.fileno() in events:
+                    if self.door is not None and self.door.fileno() in events:
                         self.door.service()
                     if self.opener is not None and self.opener.sock.fileno() in events:
                         self.opener_ready()
+                    if self.upgrade_requested:
+                        self.upgrade_requested = False
+                        ctx = self.reexec(ctx)  # returns only if exec failed
                     if self.channels is not None:
                         self.pmi_events(events)
                     self.timers.run_due(time.monotonic())
@@ -205,9 +231,13 @@ class Supervisor:
                     status = 3
                     break
         finally:
-            self.door.close()
+            if self.door is not None:
+                self.door.close()
             self.router.close(linger=CLOSE_LINGER_MS)
             ctx.term()
+            os.close(self.listen_fd)
+            if self.door_fd >= 0:
+                os.close(self.door_fd)
             if self.channels is not None:
                 self.channels.close_all()
             if self.remove_rundir:
@@ -277,6 +307,111 @@ class Supervisor:
             log.warning("received %s: terminating the step", signal_name(sig))
             self.terminate(grace=float(self.spec.get("kill_grace", 10)), cancel=False,
                            why=f"supervisor received {signal_name(sig)}")
+
+    # ---- re-executing into the installed release (handover.py) ------------------------------
+
+    def restore(self, state: dict[str, Any], upgraded_from: str) -> None:
+        """Take over the state the previous image of this process handed across exec."""
+        self.resumed = True
+        self.upgraded_from = upgraded_from
+        self.generation = int(state["generation"])
+        self.step = state["step"]
+        self.events = state["events"]
+        self.record = state["record"]
+        self.final_sizes = state["final_sizes"]
+        self.task_end_boottime = state["task_end_boottime"]
+        self.launcher.readers = dict(state["readers"])
+        self.listen_fd = int(state["listen_fd"])
+        self.door_fd = int(state.get("door_fd", -1))
+        for fd in handover.kept_fds(state, self.lock_fd):
+            os.set_inheritable(fd, False)  # a task started later must not inherit any
+        if state["pmi"] is not None:
+            self.pmi = state["pmi"]["server"]
+            assert self.pmi is not None
+            self.channels = PmiChannels(self.pmi)
+            for rank, fd in state["pmi"]["ours"].items():
+                sock = socket.socket(fileno=fd)
+                sock.setblocking(False)
+                self.channels.ours[int(rank)] = sock
+            for rank, data in state["pmi"]["pending"].items():
+                self.channels.pending[int(rank)] = bytearray(data)
+            self.sync_pmi_registrations()
+        timers = state["timers"]
+        if "claim" in timers:
+            self.claim_timer = self.timers.at(timers["claim"], self.claim_expired)
+        if "kill" in timers:
+            self.kill_timer = self.timers.at(timers["kill"], self.kill_now)
+
+    def request_upgrade(self) -> str:
+        """The ``upgrade`` verb: check the installed build can take over; exec after the reply."""
+        if self.step.phase not in (Phase.READY, Phase.RUNNING):
+            raise StateError(f"step {self.rd.job}.{self.rd.attempt} is "
+                             f"{self.step.phase.value}: there is nothing left to upgrade")
+        try:
+            # Blocks the loop for one interpreter start (~0.2 s): an operator's explicit act,
+            # and it proves the installed build starts before this process bets its life on it.
+            target = handover.probe_installed()
+        except handover.HandoverError as exc:
+            raise StateError(f"not upgrading: {exc}") from None
+        self.upgrade_requested = True
+        return target
+
+    def router_path(self) -> str:
+        """Where the ROUTER listens: ``ctl/sock``; for an image resumed from before the doors,
+        ``sock``, where that one bound it (its listening socket came across the exec)."""
+        return self.rd.ctl_sock if self.door_fd >= 0 else self.rd.sock
+
+    def open_door(self) -> Door | None:
+        if self.door_fd < 0:
+            return None
+        return Door(self.rd.sock, self.timers, self.on_door_request, name="supervisor door",
+                    log=log, on_close=self.on_door_close, listen_fd=self.door_fd,
+                    privileged=frozenset({0, os.getuid(), int(self.spec["agent_uid"])}))
+
+    def reexec(self, ctx: zmq.Context[Any]) -> zmq.Context[Any]:
+        """Answer everything parked, hand the state over and exec. Returns only on failure."""
+        assert self.router is not None
+        for p in self.waiters.take(None):
+            self.reply(p.peer, protocol.ok(p.rid, {"done": False, "upgrading": True}))
+        for f in self.followers.take(None):
+            self.answer_follower(f, upgrading=True)
+        for w in self.event_waiters.take(None):
+            self.answer_event_waiter(w, upgrading=True)
+        if self.opener is not None:  # a launch still opening files: the agent claims again
+            self.opener.kill()
+            self.drop_opener()
+        for p in self.claims.take(None):
+            self.reply(p.peer, protocol.error(p.rid, LaunchError("upgrading; claim again")))
+        state = handover.capture(self)
+        state_fd = handover.write_state(state)
+        keep = handover.kept_fds(state, self.lock_fd)
+        blocked = {signal.SIGCHLD, *TERMINATING, *IGNORED_SIGNALS}
+        signal.pthread_sigmask(signal.SIG_BLOCK, blocked)
+        self.poller.unregister(self.router)
+        self.router.close(linger=CLOSE_LINGER_MS)  # the replies above leave first
+        ctx.term()
+        if self.door is not None:  # its listening socket stays open (door_fd) for the next image
+            self.poller.unregister(self.door.fileno())
+            self.door.close(unlink=False)
+            self.door = None
+        for fd in keep:
+            os.set_inheritable(fd, True)
+        log.info("re-executing into the installed tether (generation %d)", self.generation + 1)
+        try:
+            os.execv(sys.executable, handover.argv(self, state_fd))
+        except OSError as exc:
+            log.error("exec failed: %s; carrying on as tether %s", exc, tether.__version__)
+        for fd in keep:
+            os.set_inheritable(fd, False)
+        os.close(state_fd)
+        ctx = zmq.Context()
+        self.router = handover.bind_router(ctx, self.router_path(), self.listen_fd)
+        self.poller.register(self.router, zmq.POLLIN)
+        self.door = self.open_door()
+        if self.door is not None:
+            self.poller.register(self.door.fileno(), zmq.POLLIN)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, blocked)
+        return ctx
 
     # ---- launch ----------------------------------------------------------------------------
 
@@ -748,7 +883,8 @@ class Supervisor:
         if len(self.followers):
             self.follow_timer = self.timers.at(time.monotonic() + FOLLOW_POLL, self.follow_tick)
 
-    def answer_follower(self, f: Parked[Follow], *, force: bool = True) -> bool:
+    def answer_follower(self, f: Parked[Follow], *, force: bool = True,
+                        upgrading: bool = False) -> bool:
         """Answer ``f`` if it has news (or ``force``); True if it was answered."""
         try:
             res = handlers.follow_result(self, f.value.streams, f.value.offsets)
@@ -757,6 +893,8 @@ class Supervisor:
         else:
             if not force and not handlers.has_news(res):
                 return False
+            if upgrading:
+                res["upgrading"] = True
             self.note_stream(f.peer, "output", bool(res["ended"]))
             reply = protocol.ok(f.rid, res)
         self.reply(f.peer, reply)
@@ -774,10 +912,13 @@ class Supervisor:
         self.event_waiters.park(None, peer, rid, min(hold, MAX_HOLD), after,
                                 self.answer_event_waiter)
 
-    def answer_event_waiter(self, w: Parked[int], *, force: bool = True) -> bool:
+    def answer_event_waiter(self, w: Parked[int], *, force: bool = True,
+                            upgrading: bool = False) -> bool:
         res = handlers.events_result(self, w.value)
         if not (force or res["events"] or res["ended"]):
             return False
+        if upgrading:
+            res["upgrading"] = True
         self.note_stream(w.peer, "events", bool(res["ended"]))
         self.reply(w.peer, protocol.ok(w.rid, res))
         return True
@@ -808,7 +949,7 @@ def private_dir(path: str) -> None:
                       f"(mode {stat.filemode(st.st_mode)}, owner {st.st_uid})")
 
 
-def reset_signal_dispositions() -> None:
+def reset_signal_dispositions(*, unblock: bool = True) -> None:
     """Undo what the detaching shell left: a background job starts with SIGINT and SIGQUIT
     ignored, and ignored signals survive exec, so tasks would inherit them. Python's own
     SIGPIPE/SIGXFSZ ignores are reset for children by Popen's restore_signals."""
@@ -820,7 +961,8 @@ def reset_signal_dispositions() -> None:
                 signal.signal(sig, signal.SIG_DFL)
         except (OSError, ValueError):
             pass
-    signal.pthread_sigmask(signal.SIG_SETMASK, [])
+    if unblock:
+        signal.pthread_sigmask(signal.SIG_SETMASK, [])
 
 
 def _wake_only(signum: int, frame: object) -> None:
