@@ -126,8 +126,8 @@ def step_processes(job: Job | None) -> set[int]:
     """Live processes of a step whose supervisor is gone, found from the database alone.
 
     Every task starts in the supervisor's session, after the supervisor: a process in the
-    recorded session (or in a recorded task's process group) that started no earlier than the
-    supervisor, in the same boot, belongs to the step. Nothing is found when the session id has
+    recorded session that started no earlier than the supervisor, in the same boot, belongs to
+    the step (every task's process group with it). Nothing is found when the session id has
     been handed to a newer process, or when the database lacks the identity (a supervisor that
     never answered hello launched nothing).
     """
@@ -139,13 +139,12 @@ def step_processes(job: Job | None) -> set[int]:
         leader = proc_stat(session)
         if leader is not None and leader.start_ticks > t0:
             session = None  # reused: that session is someone else's now
-    groups = set(job.pids)
+    if session is None:
+        return set()  # a process group alone could be a reused pid's (tests/test_pid_reuse.py)
     found = set()
     for st in all_processes():
-        if st.dead or st.start_ticks < t0:
-            continue
-        if (session is not None and st.session == session) or st.pgrp in groups:
-            found.add(st.pid)
+        if not st.dead and st.start_ticks >= t0 and st.session == session:
+            found.add(st.pid)  # task leaders' groups included: they are in the session
     found.discard(os.getpid())
     return found
 
