@@ -164,24 +164,31 @@ def supervisors(state: str) -> dict[int, int]:
     return found
 
 
-def chaos(agent: Agent, tally: Tally, rng: random.Random, stop: threading.Event,
-          sup_every: float) -> None:
-    next_sup = time.monotonic() + sup_every
+def chaos(agent: Agent, tally: Tally, rng: random.Random, stop: threading.Event) -> None:
+    """Kill the agent (SIGKILL or SIGTERM) every 2-6 s and start it again at once."""
     while not stop.wait(rng.uniform(2.0, 6.0)):
         with agent.lock:
             agent.stop(rng.choice([signal.SIGKILL, signal.SIGTERM]))
+            agent.start()
+            tally.restarts += 1
+
+
+def kill_supervisors(agent: Agent, tally: Tally, rng: random.Random, stop: threading.Event,
+                     every: float) -> None:
+    """SIGKILL a random live supervisor every ``every`` seconds on average (whenever one runs)."""
+    while not stop.wait(rng.uniform(0.5, 1.5) * every):
+        while not stop.is_set():
             sups = supervisors(agent.state)
-            if time.monotonic() >= next_sup and sups:
+            if sups:
                 pid = rng.choice(sorted(sups))
                 try:
                     os.kill(pid, signal.SIGKILL)
                     tally.sup_kills += 1
                     tally.sup_killed_jobs.add(sups[pid])
-                    next_sup = time.monotonic() + rng.uniform(0.5, 1.5) * sup_every
                 except ProcessLookupError:
-                    pass
-            agent.start()
-            tally.restarts += 1
+                    continue
+                break
+            stop.wait(0.1)
 
 
 def sample(agent: Agent, tally: Tally, stop: threading.Event, every: float) -> None:
@@ -309,10 +316,13 @@ def run(args: argparse.Namespace) -> int:
     try:
         agent.start()
         threads = [
-            threading.Thread(target=chaos, args=(agent, tally, rng, stop_chaos,
-                                                 args.sup_every), daemon=True),
+            threading.Thread(target=chaos, args=(agent, tally, random.Random(args.seed + 1),
+                                                 stop_chaos), daemon=True),
             threading.Thread(target=sample, args=(agent, tally, stop_sampling, args.sample),
                              daemon=True),
+            threading.Thread(target=kill_supervisors,
+                             args=(agent, tally, random.Random(args.seed + 2), stop_chaos,
+                                   args.sup_every), daemon=True),
         ]
         for t in threads:
             t.start()
@@ -330,6 +340,7 @@ def run(args: argparse.Namespace) -> int:
             time.sleep(0.5)
         stop_chaos.set()
         threads[0].join()
+        threads[2].join()
         # Calm: let every job end and every supervisor be acknowledged.
         deadline = time.monotonic() + args.drain
         final: dict[int, dict[str, Any]] = {}
