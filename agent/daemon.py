@@ -57,6 +57,8 @@ HELLO_TIMEOUT = 2.0
 CLAIM_TIMEOUT = 10.0
 WAIT_HOLD = 60.0
 RETRY_UNRESPONSIVE = 5.0
+#: a supervisor that answered ``upgrading`` closes its old connections within its linger (1 s)
+UPGRADE_PAUSE = 1.5
 #: after a database write failed for want of space, the event is fed again this much later
 RETRY_FULL = 1.0
 
@@ -600,6 +602,14 @@ class Agent:
     def wait(self, link: Link) -> None:
         def ok(res: Any) -> None:
             if not self.live(link):
+                return
+            if res.get("upgrading"):
+                # It is re-executing (tether upgrade-supervisors): a request sent into the
+                # closing connection would be lost, so ask again once the new image serves.
+                def again() -> None:
+                    if self.live(link):
+                        self.wait(link)
+                self.timers.at(time.monotonic() + UPGRADE_PAUSE, again)
                 return
             if not res.get("done"):
                 self.feed(link.job, link.attempt, lifecycle.WaitTimedOut())

@@ -8,9 +8,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import tether
 from tether.cli.errors import CliError
+from tether.shared import protocol
 from tether.shared.client import Client, probe_unix
-from tether.shared.errors import Unreachable
+from tether.shared.errors import RemoteError, TetherError, Unreachable
 from tether.shared.paths import Layout
 from tether.shared.step_client import StepClient, SupervisorGone, connect
 
@@ -28,6 +30,26 @@ def agent_call(layout: Layout, kind: str, args: dict[str, Any] | None = None,
             return client.call(kind, args or {}, watch=watch)
         except Unreachable as exc:
             raise CliError(f"the agent did not answer: {exc.message}") from None
+        except RemoteError as exc:
+            if exc.code in ("unknown_kind", "version") or (
+                    exc.code == "bad_request" and "unknown arguments" in exc.message):
+                raise CliError(skew_message(client, kind, exc)) from None
+            raise
+
+
+def skew_message(client: Client, kind: str, exc: RemoteError) -> str:
+    """One line naming both releases when the agent is of another release than this CLI."""
+    try:
+        client.hello(timeout=2.0)
+    except TetherError:
+        return exc.message
+    if client.release == tether.__version__:
+        return exc.message  # same release: a plain error, not skew
+    mine = f"this CLI is tether {tether.__version__} (protocol {protocol.PROTOCOL_VERSION})"
+    theirs = f"the agent is tether {client.release} (protocol {client.protocol})"
+    if exc.code == "bad_request":
+        return f"{theirs} and refuses {kind!r}: {exc.message}; {mine}"
+    return f"{theirs} and does not answer {kind!r}; {mine}"
 
 
 class AgentWatch:

@@ -29,6 +29,7 @@ VERBS = {
     "show": "cmd_show:show", "wait": "cmd_submit:wait", "cancel": "cmd_cancel:cancel",
     "inspect": "cmd_inspect:inspect", "attach": "cmd_attach:attach",
     "signal": "cmd_attach:signal", "top": "cmd_top:top",
+    "upgrade-supervisors": "cmd_upgrade:upgrade_supervisors",
 }
 # verbs that need no agent: they take the Namespace only
 LOCAL = {"completion": "completion:completion", "man": "manpage:man"}

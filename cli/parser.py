@@ -121,8 +121,8 @@ def build_parser() -> Parser:
     p.add_argument("--cluster", metavar="DSN", help=CLUSTER_HELP)
     sub = p.add_subparsers(dest="cmd", metavar="COMMAND", parser_class=Parser, title="commands")
     for add in (add_agent, add_status, add_submit, add_list, add_show, add_wait, add_cancel,
-                add_inspect, add_attach, add_signal, add_top, add_completion, add_man,
-                add_cluster, add_nodes, add_drain, add_resume):
+                add_inspect, add_attach, add_signal, add_top, add_upgrade, add_completion,
+                add_man, add_cluster, add_nodes, add_drain, add_resume):
         add(sub)
     return p
 
@@ -297,6 +297,15 @@ def add_signal(sub: Any) -> None:
                    help="a name with or without SIG, any case (TERM, sigusr1, RTMIN+1) or a number")
     s.add_argument("--rank", type=non_negative, metavar="R",
                    help="only this task (default: every task)")
+
+
+def add_upgrade(sub: Any) -> None:
+    u = verb(sub, "upgrade-supervisors", "re-exec running supervisors into the installed tether",
+             "Make each running step's supervisor re-execute itself into the installed tether, "
+             "keeping its pid, its tasks, its socket and its state; exit 0 once each answers "
+             "as the installed version (docs/operations.md). Root or the agent's user only.")
+    u.add_argument("jobs", type=job_id, nargs="*", metavar="JOB",
+                   help="job ids (default: every step with a live supervisor)")
 
 
 def add_cluster(sub: Any) -> None:

@@ -43,6 +43,8 @@ KIND_SINCE: dict[str, int] = {
     # a step's supervisor
     "state": 1, "claim": 1, "ack": 1, "abort": 1, "terminate": 1, "pmi": 1, "info": 1,
     "pids": 1, "stats": 1, "output": 1, "events": 1, "signal": 1,
+    # protocol 2 (kinds added in release 0.3.0; a 0.2.0 server answers them unknown_kind)
+    "upgrade": 2,
 }
 
 

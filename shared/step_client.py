@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import re
 import signal as _signal
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -38,6 +39,8 @@ __all__ = ["StepClient", "SupervisorGone", "connect", "find_socket", "parse_sign
 MAX_ATTEMPT_PROBE = 100
 #: Default seconds a long poll (follow, events) may be held open by the supervisor.
 DEFAULT_HOLD = 10.0
+#: how long one ``hello`` may take while a re-executing supervisor comes back
+UPGRADE_PROBE = 1.0
 _CHUNK = 1 << 16
 
 
@@ -253,6 +256,28 @@ class StepClient:
                     yield name, bytes(part["data"])
             if res["ended"]:
                 return
+            if res.get("upgrading"):
+                self.await_new_image()
+
+    def await_new_image(self, deadline: float = 30.0) -> dict[str, Any]:
+        """The supervisor said it is re-executing (``upgrade``): wait until its new image
+        answers ``hello`` (a later generation, same process), each try on a fresh connection,
+        so that no request goes into the closing one. Returns the new hello."""
+        before = int(self.hello.get("generation", 0))
+        give_up = time.monotonic() + deadline
+        while True:
+            self.client.close()
+            try:
+                res = self.client.hello(timeout=UPGRADE_PROBE, watch=self._watch)
+            except Unreachable:
+                res = {}
+            if int(res.get("generation", before)) > before:
+                self.hello = res
+                return res
+            if time.monotonic() > give_up:
+                raise Unreachable(f"job {self.job}: its supervisor did not come back after "
+                                  f"re-executing within {deadline:g}s")
+            time.sleep(UPGRADE_PROBE / 4)
 
     def _finish_from_files(self, paths: dict[str, str],
                            names: list[str]) -> Iterator[tuple[str, bytes]]:
@@ -280,6 +305,8 @@ class StepClient:
             after = int(res["last"])
             if res["ended"]:
                 return
+            if res.get("upgrading"):
+                self.await_new_image()
 
     def signal(self, sig: int | str, rank: int | None = None) -> dict[str, Any]:
         """Send ``sig`` (number or name) to one task's process group, or to every live task's.

@@ -16,7 +16,9 @@ import sys
 import prctl
 import setproctitle
 
+import tether
 import tether.supervisor.handlers
+import tether.supervisor.handover
 import tether.supervisor.launch
 import tether.supervisor.pmi
 import tether.supervisor.pmi_io
@@ -27,9 +29,17 @@ from tether.supervisor.service import Supervisor
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv == ["--handover-formats"]:
+        # asked by a running supervisor before it re-executes into this build (handover.py)
+        formats = ",".join(str(f) for f in sorted(tether.supervisor.handover.FORMATS_READ))
+        print(f"formats {formats} {tether.__version__}")
+        return 0
     parser = argparse.ArgumentParser(prog="tether-supervisor")
     parser.add_argument("--run-dir", required=True)
     parser.add_argument("--lock-fd", type=int, required=True)
+    parser.add_argument("--resume-fd", type=int,
+                        help="re-executed by itself: the state its previous image handed over")
     parser.add_argument("--ready-fd", type=int, default=-1,
                         help="pipe to write one byte to once the socket is bound")
     parser.add_argument("--warm", action="store_true",
@@ -85,6 +95,13 @@ def main(argv: list[str] | None = None) -> int:
         sys.addaudithook(audit)
     sup = Supervisor(rd, spec, args.lock_fd, args.ready_fd)
     sup.start_kind = "warm" if args.warm else "cold"
+    if args.resume_fd is not None:
+        try:
+            state = tether.supervisor.handover.read_state(args.resume_fd)
+        except Exception as exc:  # nothing to serve from: the lock's release tells the agent
+            log.critical("cannot take over the handed-over state: %s", exc)
+            return 2
+        sup.restore(state, upgraded_from=str(state.get("from", "?")))
     return sup.run()
 
 

@@ -7,7 +7,7 @@ Who may call what is decided per request from the kernel's credentials of the co
 - ``OWNER``: the job's owner, root and the agent's uid (``info``, ``pids``, ``stats``,
   ``output``, ``events``, ``signal``, ``pmi``)
 - ``AGENT``: root and the agent's uid only (``claim``, ``wait``, ``ack``, ``abort``,
-  ``terminate``): whoever may call these decides the step's fate
+  ``terminate``, ``upgrade``): whoever may call these decides the step's fate
 
 A refusal is an error reply "permission denied: ..." naming the verb; the server logs it with
 the peer's uid and pid. A peer whose credentials are unknown gets only ``ANY`` verbs.
@@ -62,6 +62,7 @@ VERB_CLASS: dict[str, str] = {
     "info": OWNER, "pids": OWNER, "stats": OWNER, "output": OWNER, "events": OWNER,
     "signal": OWNER, "pmi": OWNER,
     "claim": AGENT, "wait": AGENT, "ack": AGENT, "abort": AGENT, "terminate": AGENT,
+    "upgrade": AGENT,
 }
 
 _WHO = {OWNER: "the job's owner, root and the agent", AGENT: "root and the agent"}
@@ -96,7 +97,7 @@ def hello(sup: Supervisor, peer: Peer, req: protocol.Request) -> Any:
         "role": "supervisor", "protocol": version, "version": tether.__version__,
         "job": sup.rd.job, "attempt": sup.rd.attempt, "phase": sup.step.phase.value,
         "pid": sup.ident.pid, "start_ticks": sup.ident.start_ticks,
-        "boot_id": sup.ident.boot_id, "uid": os.getuid(),
+        "boot_id": sup.ident.boot_id, "uid": os.getuid(), "generation": sup.generation,
         "cpus": sup.spec["cpus"], "gpus": sup.spec["gpus"], "memory_mb": sup.spec["memory_mb"],
     }
 
@@ -167,6 +168,14 @@ def terminate(sup: Supervisor, peer: Peer, req: protocol.Request) -> Any:
     sup.terminate(grace=grace, cancel=cancel,
                   why="cancelled" if cancel else "terminated by the agent")
     return {"phase": sup.step.phase.value}
+
+
+def upgrade(sup: Supervisor, peer: Peer, req: protocol.Request) -> Any:
+    """Re-exec into the installed tether once this reply is out (service.reexec)."""
+    check_known(req.args, req.kind, ())
+    target = sup.request_upgrade()
+    return {"pid": os.getpid(), "from": tether.__version__, "to": target,
+            "generation": sup.generation + 1}
 
 
 def pmi(sup: Supervisor, peer: Peer, req: protocol.Request) -> Any:
@@ -429,6 +438,7 @@ HANDLERS: dict[str, Handler] = {
     "ack": ack,
     "abort": abort,
     "terminate": terminate,
+    "upgrade": upgrade,
 }
 
 

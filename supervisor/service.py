@@ -31,6 +31,7 @@ import os
 import shutil
 import signal
 import socket
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,11 +40,11 @@ import zmq
 
 import tether
 from tether.shared import protocol, records, wire
-from tether.shared.errors import LaunchError, TetherError
+from tether.shared.errors import LaunchError, StateError, TetherError
 from tether.shared.paths import RunDir
 from tether.shared.procid import ProcId, all_processes
 from tether.shared.timers import Timer, Timers, rfc3339_now
-from tether.supervisor import handlers, introspect
+from tether.supervisor import handlers, handover, introspect
 from tether.supervisor.launch import Launcher, LaunchFailed
 from tether.supervisor.pmi import Abort, Broken, Finalized, Output, PmiServer, ProtocolError, Send
 from tether.supervisor.pmi_io import PmiChannels, clean_env
@@ -140,11 +141,19 @@ class Supervisor:
         #: rank -> CLOCK_BOOTTIME seconds when the task was reaped (for ``stats``' elapsed)
         self.task_end_boottime: dict[int, float] = {}
         self.ack_deadline: float | None = None
+        #: how many times this process re-executed itself (``upgrade``): same pid, new image
+        self.generation = 0
+        #: the listening socket the ROUTER is bound on; kept across exec (handover.py)
+        self.listen_fd = -1
+        self.upgrade_requested = False
+        #: the release this process ran before its last re-exec, if any
+        self.upgraded_from: str | None = None
+        self.resumed = False
 
     # ---- loop ------------------------------------------------------------------------------
 
     def run(self) -> int:
-        reset_signal_dispositions()
+        reset_signal_dispositions(unblock=False)
         wake_r, wake_w = socket.socketpair()
         wake_r.setblocking(False)
         wake_w.setblocking(False)
@@ -153,20 +162,30 @@ class Supervisor:
         # SIGQUIT/SIGUSR1/SIGUSR2 must not kill the step's supervisor: they are logged.
         for sig in (signal.SIGCHLD, *TERMINATING, *IGNORED_SIGNALS):
             signal.signal(sig, _wake_only)
+        # only now: a re-executed supervisor arrives with these blocked (handover.py)
+        signal.pthread_sigmask(signal.SIG_SETMASK, [])
         ctx: zmq.Context[Any] = zmq.Context()
-        old_umask = os.umask(0)  # every request is authorized per verb; see handlers.py
-        try:
-            self.router = wire.bind_router(ctx, self.rd.sock)
-        finally:
-            os.umask(old_umask)
+        if self.listen_fd < 0:
+            old_umask = os.umask(0)  # every request is authorized per verb; see handlers.py
+            try:
+                self.listen_fd = handover.listen(self.rd.sock)
+            finally:
+                os.umask(old_umask)
+        self.router = handover.bind_router(ctx, self.rd.sock, self.listen_fd)
         # The agent may connect now: its hello is queued by ZeroMQ while the manifest's fsyncs
         # run, and answered after them (the manifest's "ready" is not something it waits for).
         self.signal_ready()
         self.write_manifest()
-        self.claim_timer = self.timers.at(
-            time.monotonic() + float(self.spec["claim_timeout"]), self.claim_expired)
-        log.info("ready on %s (%s start); waiting up to %gs for the agent's claim",
-                 self.rd.sock, self.start_kind, self.spec["claim_timeout"])
+        if self.resumed:
+            log.info("re-executed as tether %s (was %s), generation %d; serving %s again",
+                     tether.__version__, self.upgraded_from, self.generation, self.rd.sock)
+            if self.step.phase in (Phase.RUNNING, Phase.DRAINING):
+                self.reap()  # a task may have ended while signals were blocked
+        else:
+            self.claim_timer = self.timers.at(
+                time.monotonic() + float(self.spec["claim_timeout"]), self.claim_expired)
+            log.info("ready on %s (%s start); waiting up to %gs for the agent's claim",
+                     self.rd.sock, self.start_kind, self.spec["claim_timeout"])
         poller = self.poller
         poller.register(self.router, zmq.POLLIN)
         poller.register(wake_r, zmq.POLLIN)
@@ -179,6 +198,9 @@ class Supervisor:
                         self.on_signals(wake_r)
                     if self.router in events:
                         self.serve()
+                    if self.upgrade_requested:
+                        self.upgrade_requested = False
+                        ctx = self.reexec(ctx)  # returns only if exec failed
                     if self.channels is not None:
                         self.pmi_events(events)
                     self.timers.run_due(time.monotonic())
@@ -195,6 +217,7 @@ class Supervisor:
         finally:
             self.router.close(linger=CLOSE_LINGER_MS)
             ctx.term()
+            os.close(self.listen_fd)
             if self.channels is not None:
                 self.channels.close_all()
             if self.remove_rundir:
@@ -261,6 +284,90 @@ class Supervisor:
             log.warning("received %s: terminating the step", signal_name(sig))
             self.terminate(grace=float(self.spec.get("kill_grace", 10)), cancel=False,
                            why=f"supervisor received {signal_name(sig)}")
+
+    # ---- re-executing into the installed release (handover.py) ------------------------------
+
+    def restore(self, state: dict[str, Any], upgraded_from: str) -> None:
+        """Take over the state the previous image of this process handed across exec."""
+        self.resumed = True
+        self.upgraded_from = upgraded_from
+        self.generation = int(state["generation"])
+        self.step = state["step"]
+        self.events = state["events"]
+        self.record = state["record"]
+        self.final_sizes = state["final_sizes"]
+        self.task_end_boottime = state["task_end_boottime"]
+        self.launcher.readers = dict(state["readers"])
+        self.listen_fd = int(state["listen_fd"])
+        for fd in handover.kept_fds(state, self.lock_fd):
+            os.set_inheritable(fd, False)  # a task started later must not inherit any
+        if state["pmi"] is not None:
+            self.pmi = state["pmi"]["server"]
+            assert self.pmi is not None
+            self.channels = PmiChannels(self.pmi)
+            for rank, fd in state["pmi"]["ours"].items():
+                sock = socket.socket(fileno=fd)
+                sock.setblocking(False)
+                self.channels.ours[int(rank)] = sock
+            for rank, data in state["pmi"]["pending"].items():
+                self.channels.pending[int(rank)] = bytearray(data)
+            self.sync_pmi_registrations()
+        timers = state["timers"]
+        if "claim" in timers:
+            self.claim_timer = self.timers.at(timers["claim"], self.claim_expired)
+        if "kill" in timers:
+            self.kill_timer = self.timers.at(timers["kill"], self.kill_now)
+
+    def request_upgrade(self) -> str:
+        """The ``upgrade`` verb: check the installed build can take over; exec after the reply."""
+        if self.step.phase not in (Phase.READY, Phase.RUNNING):
+            raise StateError(f"step {self.rd.job}.{self.rd.attempt} is "
+                             f"{self.step.phase.value}: there is nothing left to upgrade")
+        try:
+            # Blocks the loop for one interpreter start (~0.2 s): an operator's explicit act,
+            # and it proves the installed build starts before this process bets its life on it.
+            target = handover.probe_installed()
+        except handover.HandoverError as exc:
+            raise StateError(f"not upgrading: {exc}") from None
+        self.upgrade_requested = True
+        return target
+
+    def reexec(self, ctx: zmq.Context[Any]) -> zmq.Context[Any]:
+        """Answer everything parked, hand the state over and exec. Returns only on failure."""
+        assert self.router is not None
+        for peer, rid, timer in self.waiters:
+            timer.cancel()
+            self.reply(peer, protocol.ok(rid, {"done": False, "upgrading": True}))
+        self.waiters.clear()
+        for f in self.followers:
+            self.answer_follower(f, upgrading=True)
+        self.followers.clear()
+        for w in self.event_waiters:
+            self.answer_event_waiter(w, upgrading=True)
+        self.event_waiters.clear()
+        state = handover.capture(self)
+        state_fd = handover.write_state(state)
+        keep = handover.kept_fds(state, self.lock_fd)
+        blocked = {signal.SIGCHLD, *TERMINATING, *IGNORED_SIGNALS}
+        signal.pthread_sigmask(signal.SIG_BLOCK, blocked)
+        self.poller.unregister(self.router)
+        self.router.close(linger=CLOSE_LINGER_MS)  # the replies above leave first
+        ctx.term()
+        for fd in keep:
+            os.set_inheritable(fd, True)
+        log.info("re-executing into the installed tether (generation %d)", self.generation + 1)
+        try:
+            os.execv(sys.executable, handover.argv(self, state_fd))
+        except OSError as exc:
+            log.error("exec failed: %s; carrying on as tether %s", exc, tether.__version__)
+        for fd in keep:
+            os.set_inheritable(fd, False)
+        os.close(state_fd)
+        ctx = zmq.Context()
+        self.router = handover.bind_router(ctx, self.rd.sock, self.listen_fd)
+        self.poller.register(self.router, zmq.POLLIN)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, blocked)
+        return ctx
 
     # ---- launch ----------------------------------------------------------------------------
 
@@ -670,7 +777,8 @@ class Supervisor:
         if self.followers:
             self.follow_timer = self.timers.at(time.monotonic() + FOLLOW_POLL, self.follow_tick)
 
-    def answer_follower(self, f: Follower, *, force: bool = True) -> bool:
+    def answer_follower(self, f: Follower, *, force: bool = True,
+                        upgrading: bool = False) -> bool:
         """Answer ``f`` if it has news (or ``force``); True if it was answered."""
         try:
             res = handlers.follow_result(self, f.streams, f.offsets)
@@ -679,6 +787,8 @@ class Supervisor:
         else:
             if not force and not handlers.has_news(res):
                 return False
+            if upgrading:
+                res["upgrading"] = True
             self.note_stream(f.peer, "output", bool(res["ended"]))
             reply = protocol.ok(f.rid, res)
         if f.timer is not None:
@@ -704,10 +814,12 @@ class Supervisor:
         w.timer = self.timers.at(time.monotonic() + min(hold, MAX_HOLD), expire)
         self.event_waiters.append(w)
 
-    def answer_event_waiter(self, w: EventWaiter) -> None:
+    def answer_event_waiter(self, w: EventWaiter, *, upgrading: bool = False) -> None:
         if w.timer is not None:
             w.timer.cancel()
         res = handlers.events_result(self, w.after)
+        if upgrading:
+            res["upgrading"] = True
         self.note_stream(w.peer, "events", bool(res["ended"]))
         self.reply(w.peer, protocol.ok(w.rid, res))
 
@@ -739,7 +851,7 @@ class Supervisor:
         self.waiters.append((peer, rid, timer))
 
 
-def reset_signal_dispositions() -> None:
+def reset_signal_dispositions(*, unblock: bool = True) -> None:
     """Undo what the detaching shell left: a background job starts with SIGINT and SIGQUIT
     ignored, and ignored signals survive exec, so tasks would inherit them. Python's own
     SIGPIPE/SIGXFSZ ignores are reset for children by Popen's restore_signals."""
@@ -751,7 +863,8 @@ def reset_signal_dispositions() -> None:
                 signal.signal(sig, signal.SIG_DFL)
         except (OSError, ValueError):
             pass
-    signal.pthread_sigmask(signal.SIG_SETMASK, [])
+    if unblock:
+        signal.pthread_sigmask(signal.SIG_SETMASK, [])
 
 
 def _wake_only(signum: int, frame: object) -> None:

@@ -17,6 +17,8 @@ import tether
 from tests.helpers import CLI, Node, default_output, poll_until
 from tests.releases import release
 from tether.agent import db
+from tether.cli.connect import agent_call
+from tether.cli.errors import CliError
 from tether.shared import protocol
 from tether.shared.errors import VersionMismatch
 from tether.shared.step_client import connect
@@ -151,6 +153,22 @@ def test_new_cli_says_what_an_old_supervisor_cannot_do(
         with pytest.raises(VersionMismatch, match="is 0.1.0 and does not answer 'frobnicate'"):
             step.call("frobnicate")
         assert step.state()["state"] == "running"  # still fine for what it does answer
+    res = run(node, CLI, "upgrade-supervisors", str(job))
+    assert (res.returncode, res.stderr) == (
+        1, f"tether: job {job}'s supervisor is 0.1.0 and does not answer 'upgrade'\n")
+    # the CLI against the 0.1.0 agent: what it does not know, in one line naming both releases
+    both = f"this CLI is tether {tether.__version__} (protocol {protocol.PROTOCOL_VERSION})"
+    with pytest.raises(CliError) as err:
+        agent_call(node.layout, "newkind", {})
+    assert str(err.value) == f"the agent is tether 0.1.0 (protocol 1) and does not answer " \
+                             f"'newkind'; {both}"
+    with pytest.raises(CliError) as err:
+        agent_call(node.layout, "submit", {"command": ["true"], "workdir": node.work,
+                                           "future_option": 1})
+    assert str(err.value).startswith("the agent is tether 0.1.0 (protocol 1) and refuses "
+                                     "'submit': 'submit' got unknown arguments ['future_option']")
+    assert str(err.value).endswith(both)
+    assert len(json.loads(ok(node, CLI, "list", "--json"))) == 1  # nothing was recorded
     ok(node, node.tether, "cancel", str(job))
 
 

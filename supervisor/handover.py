@@ -1,0 +1,151 @@
+"""A running supervisor re-executing itself into the installed tether (``upgrade``) (I/O).
+
+What must survive ``exec`` and how:
+- the pid, the children (the tasks, the adopted daemons) and the session: ``exec`` keeps them;
+- the run directory's lock: the locked fd is kept open (its CLOEXEC flag cleared), so the lock is
+  never released, not even for an instant;
+- the socket: the supervisor binds its ROUTER on a listening AF_UNIX socket it created itself
+  (libzmq's ``ZMQ_USE_FD``) and keeps its own copy of that fd. Before ``exec`` the ROUTER is closed
+  (its replies flushed); connections not yet accepted wait in the listening socket's backlog and
+  the new process accepts them. Clients with an established connection see it close and reconnect
+  (every tether client does, on a flat 10 ms interval); a request they sent into the closing
+  connection is lost and times out, so everything parked (the agent's ``wait``, ``output`` and
+  ``events`` followers) is answered first with ``upgrading: true``, and tether's clients ask again
+  on a fresh connection a moment later: nothing is lost or repeated, because every follower
+  resumes from its own offsets;
+- the output reader fds and each PMI rank's socketpair end: kept open, numbers in the state;
+- everything else (the step and its tasks, events, the exit record, the PMI server's state,
+  timer deadlines on CLOCK_MONOTONIC, which exec does not reset) goes as one pickle in a memfd.
+
+The pickle holds objects of ``step.py`` and ``pmi.py``, so its ``FORMAT`` is bumped by any change
+to those classes that an older pickle would not fit; before it executes anything the supervisor
+asks the installed build which formats it reads (``--handover-formats``, which also proves that
+build starts at all) and refuses the upgrade otherwise, staying as it is.
+
+Signals: the terminating signals and SIGCHLD are blocked across ``exec`` (the mask survives it;
+their handlers do not), and the new process unblocks them only after installing its own, so a
+SIGTERM in the window is handled, not fatal; a child that ended meanwhile is reaped at resume.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import socket
+import subprocess
+import sys
+from typing import TYPE_CHECKING, Any
+
+import zmq
+
+import tether
+from tether.shared import protocol
+
+if TYPE_CHECKING:
+    from tether.supervisor.service import Supervisor
+
+#: the layout of the handed-over state; see the module docstring
+FORMAT = 1
+FORMATS_READ = frozenset({1})
+BACKLOG = 128
+PROBE_TIMEOUT = 20.0
+
+
+class HandoverError(Exception):
+    pass
+
+
+def listen(path: str) -> int:
+    """A listening AF_UNIX socket on ``path``: the fd the supervisor keeps for its life."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.bind(path)
+        s.listen(BACKLOG)
+    except BaseException:
+        s.close()
+        raise
+    return s.detach()
+
+
+def bind_router(ctx: zmq.Context[Any], path: str, listen_fd: int) -> zmq.Socket[Any]:
+    """The ROUTER on the kept listening socket. libzmq owns (and closes) the fd it is given,
+    so it gets a duplicate and ``listen_fd`` stays ours."""
+    sock: zmq.Socket[Any] = ctx.socket(zmq.ROUTER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
+    sock.setsockopt(zmq.MAXMSGSIZE, protocol.MAX_FRAME)
+    sock.setsockopt(zmq.USE_FD, os.dup(listen_fd))
+    sock.bind("ipc://" + path)
+    return sock
+
+
+def probe_installed() -> str:
+    """Ask the installed build (as the re-exec would start it) which formats it reads."""
+    try:
+        res = subprocess.run([sys.executable, "-I", "-m", "tether.supervisor",
+                              "--handover-formats"], capture_output=True, text=True,
+                             timeout=PROBE_TIMEOUT, stdin=subprocess.DEVNULL, cwd="/")
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise HandoverError(f"the installed tether did not start: {exc}") from None
+    words = res.stdout.split()
+    if res.returncode != 0 or len(words) < 2 or words[0] != "formats":
+        raise HandoverError("the installed tether cannot take over a running supervisor "
+                            f"(it answered {res.returncode}: "
+                            f"{(res.stderr or res.stdout).strip()[-200:]!r})")
+    if str(FORMAT) not in words[1].split(","):
+        raise HandoverError(f"the installed tether ({words[2] if len(words) > 2 else '?'}) reads "
+                            f"handover formats {words[1]}, not {FORMAT}")
+    return words[2] if len(words) > 2 else "?"
+
+
+def capture(sup: Supervisor) -> dict[str, Any]:
+    timers = {name: t.when for name, t in (("claim", sup.claim_timer), ("kill", sup.kill_timer))
+              if t is not None and not t.cancelled}
+    pmi = None
+    if sup.pmi is not None and sup.channels is not None:
+        pmi = {"server": sup.pmi,
+               "ours": {rank: s.fileno() for rank, s in sup.channels.ours.items()},
+               "pending": {rank: bytes(b) for rank, b in sup.channels.pending.items()}}
+    return {
+        "format": FORMAT, "from": tether.__version__, "generation": sup.generation + 1,
+        "step": sup.step,
+        "events": sup.events, "record": sup.record, "final_sizes": sup.final_sizes,
+        "task_end_boottime": sup.task_end_boottime, "readers": dict(sup.launcher.readers),
+        "listen_fd": sup.listen_fd, "timers": timers, "pmi": pmi,
+    }
+
+
+def kept_fds(state: dict[str, Any], lock_fd: int) -> list[int]:
+    fds = [lock_fd, state["listen_fd"], *state["readers"].values()]
+    if state["pmi"] is not None:
+        fds.extend(state["pmi"]["ours"].values())
+    return sorted(set(fds))
+
+
+def write_state(state: dict[str, Any]) -> int:
+    """The state in an inheritable memfd, positioned at its start."""
+    fd = os.memfd_create("tether-handover", 0)
+    data = pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
+
+
+def read_state(fd: int) -> dict[str, Any]:
+    """The state the previous image left in ``fd`` (closed here). Only our own process can have
+    written it: the fd number came on our command line from our own ``exec``."""
+    chunks = []
+    with os.fdopen(fd, "rb") as f:
+        while chunk := f.read(1 << 20):
+            chunks.append(chunk)
+    state = pickle.loads(b"".join(chunks))  # noqa: S301 (written by this very process)
+    if not isinstance(state, dict) or state.get("format") not in FORMATS_READ:
+        raise HandoverError(f"handover state of unknown format {state.get('format')!r}")
+    return state
+
+
+def argv(sup: Supervisor, state_fd: int) -> list[str]:
+    return [sys.executable, "-I", "-m", "tether.supervisor", "--run-dir", sup.rd.path,
+            "--lock-fd", str(sup.lock_fd), "--resume-fd", str(state_fd)]
