@@ -1,11 +1,17 @@
-"""Requests the agent answers on its own socket (the CLI's): one table of handlers.
+"""Requests the agent answers on its door (every local user's CLI): one table of handlers.
 
 Each handler validates its arguments completely before touching anything, so bad input gets a
 one-line error and changes nothing.
+
+Who may do what (the caller is the kernel's uid of the connection, never anything it sent):
+any user ``hello``, ``status``, ``list``, ``show`` (every job's public fields, as ``squeue``
+shows them) and ``submit`` (the job runs as the caller; only root may name another ``user``);
+the job's owner, root and the agent's uid ``wait`` and ``cancel``.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -17,15 +23,26 @@ from tether.agent import users
 from tether.agent.db import ACTIVE, FINAL, SCHEMA_VERSION, Job
 from tether.agent.ledger import Request as ResourceRequest
 from tether.shared import outpattern, protocol
-from tether.shared.errors import BadRequest, NotFound, ResourceError, StateError, UnknownKind
+from tether.shared.door import Conn
+from tether.shared.errors import (
+    BadRequest,
+    NotFound,
+    PermissionDenied,
+    ResourceError,
+    StateError,
+    TetherError,
+    UnknownKind,
+)
 from tether.shared.protocol import arg_int, arg_number, arg_str, arg_str_list, check_known
 from tether.shared.timers import rfc3339_now
-from tether.shared.wire import Peer
 
 if TYPE_CHECKING:
     from tether.agent.daemon import Agent
 
+log = logging.getLogger("tether.agent")
+
 PENDING = object()
+Peer = Conn
 Handler = Callable[["Agent", Peer, protocol.Request], Any]
 MAX_HOLD = 600.0
 #: Tasks per step. Bounds the exit record and the replies that carry it well under MAX_FRAME.
@@ -71,14 +88,52 @@ def _abs_path(args: Any, name: str, workdir: str) -> str | None:
     return os.path.normpath(os.path.join(workdir, value))
 
 
+def _owner_or_root(agent: Agent, peer: Peer, job: Any, verb: str) -> None:
+    owner = job.uid if job.uid is not None else os.getuid()
+    if peer.uid in (0, os.getuid(), owner):
+        return
+    raise PermissionDenied(f"permission denied: {verb!r} of job {job.id} is for its owner "
+                           f"({job.user or f'uid {owner}'}) and root only (you are uid "
+                           f"{peer.uid})")
+
+
+def _submitter(peer: Peer, user_name: str | None) -> users.User:
+    """Who the job runs as: the caller, as the kernel names it; root may name anyone."""
+    if user_name is not None:
+        if os.geteuid() != 0:
+            raise BadRequest("--user needs an agent running as root")
+        if peer.uid != 0:
+            me = users.by_uid(peer.uid, peer.gid)
+            if me.name != user_name:
+                raise PermissionDenied(f"permission denied: only root may submit as another "
+                                       f"user (you are {me.name}, uid {peer.uid})")
+            return me
+        return users.lookup(user_name)
+    if peer.uid != os.geteuid() and os.geteuid() != 0:
+        raise PermissionDenied(f"permission denied: this agent runs as uid {os.geteuid()} and "
+                               f"can only run that user's jobs (you are uid {peer.uid})")
+    if peer.uid == os.geteuid():
+        return users.current()
+    return users.by_uid(peer.uid, peer.gid)
+
+
+def expand_paths(job_id: int, name: str, output: str, error: str, user: str, node: str,
+                 array_id: int | None = None, array_index: int | None = None,
+                 ) -> tuple[str, str]:
+    """The output and error names with the job's tokens expanded (``%t`` is left to the
+    supervisor, which gives each task its files). Nothing is looked at on disk."""
+    values = {"j": str(job_id), "x": name, "u": user, "N": node,
+              "A": str(job_id if array_id is None else array_id),
+              "a": str(array_index or 0)}
+    return outpattern.for_job(output, values), outpattern.for_job(error, values)
+
+
 def output_paths(job: Job, output: str, error: str, user: str, node: str) -> tuple[str, str]:
-    """The job's output and error names with its tokens expanded (``%t`` is left to the
-    supervisor, which gives each task its files); each name's directory must exist."""
-    array_id = getattr(job, "array_id", None)  # arrays: the scheduler's columns, when present
-    values = {"j": str(job.id), "x": job.name, "u": user, "N": node,
-              "A": str(job.id if array_id is None else array_id),
-              "a": str(getattr(job, "array_index", None) or 0)}
-    out, err = outpattern.for_job(output, values), outpattern.for_job(error, values)
+    """``expand_paths`` for a recorded job; each name's directory must exist (checked by this
+    process: a submission checks them as its user instead, ``users.check_access``)."""
+    out, err = expand_paths(job.id, job.name, output, error, user, node,
+                            getattr(job, "array_id", None),  # arrays: the scheduler's columns
+                            getattr(job, "array_index", None))
     for label, path in (("output", out), ("error", err)):
         if not os.path.isdir(os.path.dirname(outpattern.for_task(path, 0))):
             raise BadRequest(f"{label} file {path}: its directory does not exist")
@@ -94,7 +149,7 @@ def task_paths(out: str, err: str, ntasks: int) -> set[str]:
 def submit(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
     args = req.args
     check_known(args, req.kind, ("command", "name", "cpus", "gpus", "memory_mb", "ntasks",
-                                 "output", "error", "workdir", "env", "pmi", "user"))
+                                 "output", "error", "workdir", "env", "pmi", "user", "umask"))
     command = arg_str_list(args, "command")
     if not command or not command[0]:
         raise BadRequest("a job needs a command")
@@ -104,12 +159,12 @@ def submit(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
     gpus = arg_int(args, "gpus", default=0, minimum=0, maximum=1 << 16)
     memory = arg_int(args, "memory_mb", default=0, minimum=0, maximum=1 << 40)
     ntasks = arg_int(args, "ntasks", default=1, minimum=1, maximum=MAX_TASKS)
+    umask = arg_int(args, "umask", default=0o022, minimum=0, maximum=0o777)
     workdir = arg_str(args, "workdir")
     assert workdir is not None
     if not os.path.isabs(workdir):
         raise BadRequest(f"working directory {workdir!r} must be an absolute path")
-    if not os.path.isdir(workdir):
-        raise BadRequest(f"working directory {workdir} does not exist or is not a directory")
+    workdir = os.path.normpath(workdir)
     env = args.get("env", {})
     if not isinstance(env, dict) or not all(
         isinstance(k, str) and isinstance(v, str) and k and "=" not in k and "\0" not in k + v
@@ -123,35 +178,67 @@ def submit(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
     output = _abs_path(args, "output", workdir)
     error = _abs_path(args, "error", workdir)
     user_name = arg_str(args, "user", optional=True, max_len=64)
-    if user_name is not None and os.geteuid() != 0:
-        raise BadRequest("--user needs an agent running as root")
-    user = users.lookup(user_name) if user_name is not None else users.current()
     why = agent.ledger.never_fits(ResourceRequest(cpus * ntasks, gpus, memory))
     if why:
         per = f" ({ntasks} tasks x {cpus} CPUs)" if ntasks > 1 else ""
         raise ResourceError(f"job can never run on node {agent.cfg.node}: it {why}{per}")
-    # One transaction: the output paths name the job id, which only the insert gives us, and a
-    # crash between the two statements must not leave a job with no output path.
-    agent.db.begin()
+    # The output paths name the job id, so the id is reserved now and the job recorded only
+    # once the user's side checked out: a refused job, or one whose submitter went away
+    # meanwhile, leaves no trace.
+    job_id = agent.reserve_id()
+    node = agent.cfg.node
+
+    def check() -> tuple[users.User, str, str]:
+        """On the worker thread: who the user is (NSS may be slow), her file names (``%u``),
+        and, as that user, whether the workdir can be entered and the outputs written (root
+        would see what she cannot)."""
+        user = _submitter(peer, user_name)
+        default = os.path.join(workdir, DEFAULT_OUTPUT)
+        out, err = expand_paths(job_id, name, output or default, error or output or default,
+                                user.name, node)
+        paths = sorted(task_paths(out, err, ntasks))
+        if user.uid == os.geteuid():
+            users.check_own_access(workdir, paths)
+        else:
+            users.check_access(user, workdir, paths)
+        return user, out, err
+
+    def checked(got: tuple[users.User, str, str] | None, exc: BaseException | None) -> None:
+        agent.release_id(job_id)
+        if peer.closed:
+            return  # nobody to tell the id to: nothing is recorded
+        if exc is not None:
+            if not isinstance(exc, TetherError):
+                log.error("submit check failed: %s", exc, exc_info=exc)
+                exc = TetherError("internal error")
+            agent.reply(peer, protocol.error(req.id, exc))
+            return
+        assert got is not None
+        user, out, err = got
+        try:
+            agent.db.begin()
+            try:
+                job = agent.db.insert(
+                    id=job_id, name=name, command=command, state="pending", cpus_per_task=cpus,
+                    ntasks=ntasks, gpus_req=gpus, memory_mb=memory, output=out, error=err,
+                    workdir=workdir, env=env, submitted_at=rfc3339_now(), pmi=pmi,
+                    user=user.name, uid=user.uid, gid=user.gid)
+                agent.db.set_umask(job_id, umask)
+                agent.db.commit()
+            except BaseException:
+                agent.db.rollback()
+                raise
+        except TetherError as full:  # a full state directory: nothing recorded, say so
+            agent.reply(peer, protocol.error(req.id, full))
+            return
+        agent.schedule_due = True
+        agent.reply(peer, protocol.ok(req.id, job.public()))
     try:
-        job = agent.db.insert(
-            name=name, command=command, state="pending", cpus_per_task=cpus, ntasks=ntasks,
-            gpus_req=gpus, memory_mb=memory, output="", error="", workdir=workdir, env=env,
-            submitted_at=rfc3339_now(), pmi=pmi,
-        )
-        out, err = output_paths(job, output or os.path.join(workdir, DEFAULT_OUTPUT),
-                                error or output or os.path.join(workdir, DEFAULT_OUTPUT),
-                                user.name, agent.cfg.node)
-        if user_name is not None:  # before anything is kept: refused jobs leave no trace
-            users.check_access(user, workdir, sorted(task_paths(out, err, ntasks)))
-        job = agent.db.update(job.id, output=out, error=err, user=user.name, uid=user.uid,
-                              gid=user.gid)
-        agent.db.commit()
+        agent.offload.submit(check, checked, "submissions")
     except BaseException:
-        agent.db.rollback()
+        agent.release_id(job_id)
         raise
-    agent.schedule_due = True
-    return job.public()
+    return PENDING
 
 
 def list_jobs(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
@@ -178,6 +265,7 @@ def show(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
 def wait(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
     check_known(req.args, req.kind, ("job", "hold"))
     job = _job(agent, req.args)
+    _owner_or_root(agent, peer, job, "wait")
     hold = arg_number(req.args, "hold", default=30.0, maximum=MAX_HOLD)
     if job.final:
         return {"done": True, "job": job.public()}
@@ -188,6 +276,7 @@ def wait(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
 def cancel(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
     check_known(req.args, req.kind, ("job",))
     job = _job(agent, req.args)
+    _owner_or_root(agent, peer, job, "cancel")
     if job.state in FINAL:
         raise StateError(f"job {job.id} has already ended ({job.state})")
     if job.state == "pending":

@@ -1,7 +1,9 @@
 """The agent's event loop (I/O): it performs the lifecycle's effects and feeds it events.
 
-Theory of operation. One thread, one ``zmq.Poller`` over: the client ROUTER (the CLI), one DEALER
-per supervisor, one pidfd per supervisor, and a signal wakeup socket; plus a timer heap. The
+Theory of operation. One thread, one ``zmq.Poller`` over: the door (``shared/door.py``: every
+local user's CLI, on a plain AF_UNIX socket), one DEALER per supervisor (ZeroMQ, in the run
+directory's ctl/, which only this uid can enter), one pidfd per supervisor, and a signal wakeup
+socket; plus a timer heap. The
 database is the only durable state and is written before anyone is told anything.
 
 What happens to a (job, attempt) is decided by ``lifecycle.py`` alone (a pure transition
@@ -37,16 +39,19 @@ import zmq
 
 import tether
 import tether.shared.records
-from tether.agent import api, fallback, lifecycle, users
+from tether.agent import api, fallback, lifecycle, statedir, users
 from tether.agent.db import ACTIVE, Job, Store, StoreFull
 from tether.agent.ledger import Allocation, Conflict, Ledger, Request
 from tether.agent.link import Link
+from tether.agent.offload import Offload
 from tether.agent.spawn import Spawner, SpawnError
-from tether.shared import protocol, wire
+from tether.shared import protocol
+from tether.shared.door import Conn, Door, answer
 from tether.shared.errors import RemoteError, TetherError
+from tether.shared.parking import Lot
 from tether.shared.paths import Layout, RunDir
 from tether.shared.procid import ProcId, proc_stat
-from tether.shared.timers import Timer, Timers, rfc3339_now
+from tether.shared.timers import Timers, rfc3339_now
 
 if TYPE_CHECKING:
     from tether.agent.cluster import ClusterConfig, ClusterNode
@@ -95,8 +100,13 @@ class Agent:
         self.links: dict[int, Link] = {}
         self.by_sock: dict[zmq.Socket[Any], Link] = {}
         self.by_pidfd: dict[int, Link] = {}
-        self.waiters: dict[int, list[tuple[wire.Peer, protocol.RequestId, Timer]]] = {}
-        self.router: zmq.Socket[Any] | None = None
+        #: parked ``wait`` requests, by job id
+        self.waiters: Lot[int, None] = Lot(self.timers)
+        self.door: Door | None = None
+        #: slow calls (user lookups, checks run as the user) off the loop
+        self.offload = Offload()
+        #: job ids handed to submissions still being checked (recorded once they pass)
+        self.reserved: set[int] = set()
         self.stopping = False
         self.reattaching: set[int] = set()
         #: supervisor identities learnt from a hello, written with the claim's "running"
@@ -115,7 +125,6 @@ class Agent:
         self.lock_fd = -1
         self.dir_fd = -1
         #: (device, inode) of the socket this agent bound: it never unlinks another's
-        self.sock_inode: tuple[int, int, int] | None = None
         self.store: Store | None = None
         self.spawner = Spawner(self.layout, self.timers,
                                watch=lambda fd: self.poller.register(fd, zmq.POLLIN),
@@ -137,11 +146,17 @@ class Agent:
 
     def run(self) -> int:
         self.layout.check()
-        os.makedirs(self.cfg.state_dir, mode=0o755, exist_ok=True)
-        # The state directory itself is locked: unlike agent.lock, it cannot be removed from
-        # under a live agent (agent.lock is still taken, for agents that know only that one).
-        self.dir_fd = os.open(self.cfg.state_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        self.lock_fd = os.open(self.layout.lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:  # ours alone, or refused: see statedir.py
+            # The state directory itself is locked below: unlike agent.lock, it cannot be
+            # removed from under a live agent (agent.lock is still taken, for agents that know
+            # only that one).
+            self.dir_fd = statedir.open_state_dir(self.cfg.state_dir)
+            self.lock_fd = statedir.open_lock(self.dir_fd, self.cfg.state_dir)
+        except statedir.UnsafeStateDir as exc:
+            if self.dir_fd >= 0:
+                os.close(self.dir_fd)
+                self.dir_fd = -1
+            raise AgentError(str(exc)) from None
         try:
             fcntl.flock(self.dir_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             fcntl.flock(self.lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -174,13 +189,10 @@ class Agent:
             self.reattach_t0 = t0 if self.reattaching else None
             if self.cluster is not None:
                 self.cluster.start()
-            old = os.umask(0o077)
-            try:
-                self.router = wire.bind_router(self.ctx, self.layout.sock)
-            finally:
-                os.umask(old)
-            self.sock_inode = _inode(self.layout.sock)
-            self.poller.register(self.router, zmq.POLLIN)
+            self.door = Door(self.layout.sock, self.timers, self.on_request, name="agent door",
+                             log=log, on_close=self.on_door_close)
+            self.poller.register(self.door.fileno(), zmq.POLLIN)
+            self.poller.register(self.offload.fileno(), zmq.POLLIN)
             log.info("agent serving on %s after %.0f ms (node %s, %d CPUs, %d GPUs, %d MB)",
                      self.layout.sock, (time.monotonic() - t0) * 1000, self.cfg.node,
                      len(self.cfg.cpu_ids), self.cfg.gpus, self.cfg.memory_mb)
@@ -198,10 +210,9 @@ class Agent:
         self.spawner.close()
         for link in list(self.links.values()):
             link.close()
-        if self.router is not None:
-            self.router.close(linger=0)
-            if self.sock_inode is not None and _inode(self.layout.sock) == self.sock_inode:
-                os.unlink(self.layout.sock)  # only the socket this agent bound
+        if self.door is not None:
+            self.door.close()  # unlinks the socket only if it is still the one it bound
+        self.offload.close()
         self.ctx.term()
         if self.store is not None:
             self.store.close()
@@ -229,7 +240,7 @@ class Agent:
                 log.exception("internal error while handling %r", item)
         try:
             self.timers.run_due(time.monotonic())
-            if self.schedule_due and self.router is not None:
+            if self.schedule_due and self.door is not None:
                 self.schedule_due = False
                 self.schedule()
         except Exception:
@@ -239,8 +250,10 @@ class Agent:
     def dispatch_event(self, item: Any, wake_r: socket.socket) -> None:
         if item is wake_r or item == wake_r.fileno():
             self.on_signals(wake_r)
-        elif item is self.router:
-            self.serve()
+        elif self.door is not None and item == self.door.fileno():
+            self.door.service()
+        elif item == self.offload.fileno():
+            self.offload.service()
         elif isinstance(item, int) and self.spawner.owns(item):
             self.spawner.readable(item)
         elif isinstance(item, int) and item in self.extra_fds:
@@ -265,44 +278,37 @@ class Agent:
 
     # ---- serving the CLI -------------------------------------------------------------------
 
-    def serve(self) -> None:
-        assert self.router is not None
-        while (msg := wire.receive(self.router)) is not None:
-            peer, req = msg
-            try:
-                result = api.dispatch(self, peer, req)
-            except TetherError as exc:
-                self.reply(peer, protocol.error(req.id, exc))
-                continue
-            except Exception:  # a bug must never take the agent down
-                log.exception("handler for %r failed", req.kind)
-                self.reply(peer, protocol.error(req.id, TetherError("internal error")))
-                continue
-            if result is not api.PENDING:
-                self.reply(peer, protocol.ok(req.id, result))
+    def on_request(self, conn: Conn, req: protocol.Request) -> None:
+        answer(lambda: api.dispatch(self, conn, req), req, conn,
+               lambda r: self.reply(conn, r), log, api.PENDING, self.door)
 
-    def reply(self, peer: wire.Peer, reply: protocol.Reply) -> None:
-        if self.router is not None:
-            wire.send(self.router, peer, reply)
+    def reserve_id(self) -> int:
+        """The id the next recorded job gets, held until ``release_id``. A refused submission
+        gives its id back when no later one was handed out, so ids stay dense."""
+        job_id = max(self.db.last_id(), max(self.reserved, default=0)) + 1
+        self.reserved.add(job_id)
+        return job_id
 
-    def add_waiter(self, job_id: int, peer: wire.Peer, rid: protocol.RequestId,
+    def release_id(self, job_id: int) -> None:
+        self.reserved.discard(job_id)
+
+    def on_door_close(self, conn: Conn) -> None:
+        self.waiters.drop_peer(conn.key)
+
+    def reply(self, conn: Conn, reply: protocol.Reply) -> None:
+        if self.door is not None:
+            self.door.send(conn, reply)
+
+    def add_waiter(self, job_id: int, conn: Conn, rid: protocol.RequestId,
                    hold: float) -> None:
-        def expire() -> None:
-            entries = self.waiters.get(job_id, [])
-            for i, (p, r, _) in enumerate(entries):
-                if p == peer and r == rid:
-                    del entries[i]
-                    self.reply(peer, protocol.ok(rid, {"done": False}))
-                    return
-        timer = self.timers.at(time.monotonic() + hold, expire)
-        self.waiters.setdefault(job_id, []).append((peer, rid, timer))
+        self.waiters.park(job_id, conn, rid, hold, None,
+                          lambda p: self.reply(p.peer, protocol.ok(p.rid, {"done": False})))
 
     def job_ended(self, job: Job) -> None:
         if self.cluster is not None:
             self.cluster.job_ended(job)
-        for peer, rid, timer in self.waiters.pop(job.id, []):
-            timer.cancel()
-            self.reply(peer, protocol.ok(rid, {"done": True, "job": job.public()}))
+        for p in self.waiters.take(job.id):
+            self.reply(p.peer, protocol.ok(p.rid, {"done": True, "job": job.public()}))
 
     # ---- scheduling ------------------------------------------------------------------------
 
@@ -339,8 +345,10 @@ class Agent:
             user = None
         if user is None or (job.uid is not None and user.uid != job.uid):
             raise SpawnError(f"user {job.user!r} (uid {job.uid}) no longer exists as submitted")
-        return {"uid": user.uid, "gid": user.gid, "groups": list(user.groups),
-                "user": user.name, "home": user.home}
+        gid = user.gid if job.gid is None else job.gid  # the primary gid it submitted with
+        groups = sorted(set(os.getgrouplist(user.name, gid)))
+        return {"uid": user.uid, "gid": gid, "groups": groups, "user": user.name,
+                "home": user.home, "umask": self.db.umask_of(job.id)}
 
     def launch(self, job: Job) -> None:
         """Effect ``Spawn`` (L2, L3): feeds ``Spawned`` (once the supervisor is ready) or
@@ -509,7 +517,7 @@ class Agent:
         if link is None or link.closed or link.attempt != m.attempt:
             if link is not None:
                 self.drop_link(link)
-            link = self.open_link(m.job, m.attempt, rd.sock)
+            link = self.open_link(m.job, m.attempt, rd.agent_sock())
         self.hello(link, rd, timeout=CLAIM_TIMEOUT if fresh else HELLO_TIMEOUT, fresh=fresh)
         return link
 
@@ -542,7 +550,8 @@ class Agent:
                        f"{res.get('protocol')!r}; this agent is {tether.__version__} and speaks "
                        f"{sorted(protocol.SUPPORTED_VERSIONS)}")
             if why is not None:
-                log.error("job %d: refusing the process serving %s: %s", link.job, rd.sock, why)
+                log.error("job %d: refusing the process serving %s: %s", link.job, link.path,
+                          why)
                 self.drop_link(link)
                 self.gone(link.job, link.attempt,
                           note=f"its socket was served by an impostor ({why})")
@@ -629,7 +638,7 @@ class Agent:
             return
         link = self.links.get(m.job)
         if link is None or link.closed:
-            link = self.open_link(m.job, m.attempt, rd.sock)
+            link = self.open_link(m.job, m.attempt, rd.agent_sock())
 
         def done(_: Any) -> None:
             if self.live(link):

@@ -118,6 +118,11 @@ MIGRATIONS: list[Migration] = [
               sql("CREATE TABLE IF NOT EXISTS job_facts (job INTEGER PRIMARY KEY, "
                   "supervisor_ticks INTEGER, supervisor_boot TEXT, supervisor_session INTEGER, "
                   "core_dumped INTEGER NOT NULL DEFAULT 0)")),
+    # Beside the jobs table, not in it: release 0.1.0's agent reads every column of ``jobs``
+    # into its Job, so a new column there would stop it from running after a rollback.
+    Migration("the submitter's umask of each job (issue 7), in a table of its own",
+              sql("CREATE TABLE IF NOT EXISTS job_umask (id INTEGER PRIMARY KEY, "
+                  "umask INTEGER NOT NULL)")),
 ]
 
 #: the fields of Job kept in job_facts rather than jobs
@@ -301,6 +306,21 @@ class Store:
         job_id = cur.lastrowid
         assert job_id is not None
         return self.get_required(job_id)
+
+    def set_umask(self, job_id: int, umask: int) -> None:
+        self._exec("INSERT OR REPLACE INTO job_umask (id, umask) VALUES (?, ?)", (job_id, umask))
+
+    def umask_of(self, job_id: int) -> int:
+        """The submitter's umask (jobs recorded before it was kept: 022)."""
+        row = self._exec("SELECT umask FROM job_umask WHERE id = ?", (job_id,)).fetchone()
+        return 0o022 if row is None else int(row[0])
+
+    def last_id(self) -> int:
+        """The highest id ever given (AUTOINCREMENT never reuses one)."""
+        row = self._exec(
+            "SELECT COALESCE((SELECT seq FROM sqlite_sequence WHERE name = 'jobs'), 0)"
+        ).fetchone()
+        return int(row[0])
 
     def update(self, job_id: int, **fields: Any) -> Job:
         for col in _JSON_COLS:

@@ -22,10 +22,10 @@ from typing import Any
 import zmq
 
 from tether.shared import protocol
-from tether.shared.client import configure
 from tether.shared.errors import BadRequest, RemoteError, TetherError, Unreachable
 from tether.shared.procid import ProcId
 from tether.shared.timers import Timer, Timers
+from tether.shared.zmq_client import configure
 
 log = logging.getLogger("tether.agent")
 

@@ -460,6 +460,7 @@ def _prepare(layout: Layout, rd: RunDir, spec: dict[str, Any]) -> None:
     if os.path.lexists(rd.path):  # left by a crash before this attempt's spawn
         shutil.rmtree(rd.path)
     os.mkdir(rd.path, 0o711)
+    os.mkdir(rd.ctl, 0o700)  # the supervisor's ZeroMQ socket: this uid's only
     fd = os.open(rd.lock, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                  0o600)
     os.close(fd)

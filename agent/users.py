@@ -15,7 +15,11 @@ from tether.shared.errors import BadRequest
 
 #: sh script: $1 workdir, then the output paths. Prints the first problem and exits 1.
 _CHECK = r'''
-cd -- "$1" 2>/dev/null || { echo "cannot enter the working directory $1"; exit 1; }
+cd -- "$1" 2>/dev/null || {
+    if [ -d "$1" ]; then echo "cannot enter the working directory $1"
+    else echo "working directory $1 does not exist or is not a directory"; fi
+    exit 1
+}
 shift
 for f in "$@"; do
     if [ -e "$f" ] || [ -L "$f" ]; then
@@ -23,6 +27,7 @@ for f in "$@"; do
         [ -w "$f" ] || { echo "cannot write $f"; exit 1; }
     else
         d=$(dirname -- "$f")
+        [ -d "$d" ] || { echo "output file $f: its directory does not exist"; exit 1; }
         { [ -w "$d" ] && [ -x "$d" ]; } || { echo "cannot create $f in $d"; exit 1; }
     fi
 done
@@ -47,9 +52,29 @@ def lookup(name: str) -> User:
     return User(pw.pw_name, pw.pw_uid, pw.pw_gid, groups, pw.pw_dir)
 
 
+def by_uid(uid: int, gid: int | None = None) -> User:
+    """The user the kernel says a peer is (its uid, and its primary gid if given)."""
+    try:
+        pw = pwd.getpwuid(uid)
+    except KeyError:
+        raise BadRequest(f"uid {uid} has no entry in the user database") from None
+    primary = pw.pw_gid if gid is None else gid
+    groups = tuple(sorted(set(os.getgrouplist(pw.pw_name, primary))))
+    return User(pw.pw_name, pw.pw_uid, primary, groups, pw.pw_dir)
+
+
 def current() -> User:
     pw = pwd.getpwuid(os.getuid())
     return User(pw.pw_name, pw.pw_uid, pw.pw_gid, tuple(sorted(set(os.getgroups()))), pw.pw_dir)
+
+
+def check_own_access(workdir: str, outputs: list[str]) -> None:
+    """The same check for a job of the agent's own user: this process's view is the job's."""
+    if not os.path.isdir(workdir):
+        raise BadRequest(f"working directory {workdir} does not exist or is not a directory")
+    for path in outputs:
+        if not os.path.isdir(os.path.dirname(path)):
+            raise BadRequest(f"output file {path}: its directory does not exist")
 
 
 def check_access(user: User, workdir: str, outputs: list[str]) -> None:

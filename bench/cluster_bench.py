@@ -9,7 +9,8 @@
    to the last result recorded. Reference: the same jobs through one standalone agent.
 3. Heartbeat timeout -> the job running elsewhere: a node running a job is SIGSTOPped; from the
    moment its last heartbeat became older than the timeout to the start of attempt 2 on another
-   node (the supervisor's own ``started_at``), ``--failovers`` times.
+   node (the supervisor's own ``started_at``), ``--failovers`` times. Then SIGCONT: the time
+   until the node's stale attempt-1 task is dead.
 
 A throwaway PostgreSQL (tests/pgserver.py), three agents (4 CPUs each, heartbeat 0.5 s, timeout
 2 s) and a standalone agent, all on short temporary directories; everything is killed and
@@ -36,6 +37,7 @@ from tests.pgserver import ScratchPostgres  # noqa: E402
 from tether.shared import cluster_db  # noqa: E402
 from tether.shared.client import Client  # noqa: E402
 from tether.shared.cluster_sql import CHANNEL_JOB, FINAL  # noqa: E402
+from tether.shared.procid import proc_stat  # noqa: E402
 from tether.shared.timers import rfc3339_now  # noqa: E402
 
 TETHER = [sys.executable, "-m", "tether.cli.main"]
@@ -119,7 +121,8 @@ class Bench:
         self.until_final(ids)
         return jobs / (time.perf_counter() - t)
 
-    def failover(self) -> float:
+    def failover(self) -> tuple[float, float]:
+        """(heartbeat timeout -> attempt 2 running elsewhere, SIGCONT -> attempt 1 killed)."""
         marker = os.path.join(self.work, f"m{time.monotonic_ns()}")
         job = self.submit(["sh", "-c", f"test -e {marker} && exit 0; touch {marker}; sleep 60"])
         deadline = time.monotonic() + 30
@@ -127,6 +130,9 @@ class Bench:
             if time.monotonic() > deadline:
                 raise SystemExit("the failover job did not start")
             time.sleep(0.02)
+        while not (row := cluster_db.get_job(self.conn, job))["pids"]:
+            time.sleep(0.02)
+        stale = row["pids"][0]
         victim = self.agents[row["node"]]
         victim.send_signal(signal.SIGSTOP)
         try:
@@ -136,14 +142,21 @@ class Bench:
                 (row["node"],)).fetchone()
             done = cluster_db.get_job(self.conn, job)
             assert done["attempt"] == 2 and done["node"] != row["node"], done
-            return epoch(done["started_at"]) - (float(hb["hb"]) + TIMEOUT)
+            moved = epoch(done["started_at"]) - (float(hb["hb"]) + TIMEOUT)
         finally:
             victim.send_signal(signal.SIGCONT)
-            deadline = time.monotonic() + 30
-            while any(n["state"] != "up" for n in cluster_db.list_nodes(self.conn)):
-                if time.monotonic() > deadline:
-                    raise SystemExit(f"node {row['node']} did not rejoin")
-                time.sleep(0.05)
+            resumed = time.perf_counter()
+        while (st := proc_stat(stale)) is not None and not st.dead:
+            if time.perf_counter() - resumed > 30:
+                raise SystemExit("the stale run was not killed")
+            time.sleep(0.005)
+        killed = time.perf_counter() - resumed
+        deadline = time.monotonic() + 30
+        while any(n["state"] != "up" for n in cluster_db.list_nodes(self.conn)):
+            if time.monotonic() > deadline:
+                raise SystemExit(f"node {row['node']} did not rejoin")
+            time.sleep(0.05)
+        return moved, killed
 
     def close(self) -> None:
         self.conn.close()
@@ -200,7 +213,9 @@ def main() -> int:
         log("throughput with three agents")
         rate = bench.throughput(ns.jobs)
         log("failover")
-        fail = [bench.failover() for _ in range(ns.failovers)]
+        fails = [bench.failover() for _ in range(ns.failovers)]
+        fail = [f[0] for f in fails]
+        kills = [f[1] for f in fails]
         bench.close()
         bench = None
         log("reference: one standalone agent")
@@ -219,6 +234,7 @@ def main() -> int:
         "cluster_jobs_per_s_3_agents": round(rate, 1),
         "standalone_jobs_per_s_1_agent": round(ref_rate, 1),
         "timeout_to_running_elsewhere_s": [round(f, 2) for f in fail],
+        "sigcont_to_stale_run_killed_s": [round(k, 2) for k in kills],
         "heartbeat_s": HEARTBEAT, "timeout_s": TIMEOUT,
     }
     if ns.json:
@@ -232,6 +248,8 @@ def main() -> int:
           f"standalone agent {res['standalone_jobs_per_s_1_agent']}")
     print(f"heartbeat timeout ({TIMEOUT:g}s, heartbeat {HEARTBEAT:g}s) -> running elsewhere: "
           f"{', '.join(f'{f:.2f}' for f in fail)} s")
+    print(f"SIGCONT of the stopped node -> its stale attempt-1 task dead: "
+          f"{', '.join(f'{k:.2f}' for k in kills)} s (SIGTERM; --cancel-grace 1)")
     return 0
 
 

@@ -1,11 +1,15 @@
-"""Round-trip latency of a supervisor's ``state`` verb.
+"""Round-trip latency of a supervisor's ``state`` verb through its door (what people use).
 
     .venv/bin/python bench/rtt_bench.py [--calls 10000] [--jobs 50] [--json]
 
-1. One client, one supervisor: ``--calls`` sequential ``state`` calls (after 1000 warm-up).
-2. ``--jobs`` supervisors queried in parallel from one process: one DEALER per supervisor,
-   one request in flight on each, the next sent as soon as its reply lands, ``--calls`` replies
-   in all.
+1. One client, one supervisor: ``--calls`` sequential ``state`` calls (after 1000 warm-up),
+   through the door (``shared.client.Client``: plain AF_UNIX, length-prefixed msgpack), and,
+   as the reference measured in the same run, through the supervisor's ZeroMQ socket in ctl/
+   (a DEALER, as the agent talks to it; as root only).
+2. ``--jobs`` supervisors queried in parallel from one process through their doors: one
+   connection per supervisor, one request in flight on each, the next sent as soon as its
+   reply lands, ``--calls`` replies in all.
+3. The agent's ``status`` through its door, sequentially.
 Starts its own agent on a temporary state directory and kills everything it started.
 """
 
@@ -14,15 +18,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import select
+import socket
 import statistics
 import sys
 import time
-from typing import Any
 
-import zmq
-
-from tether.shared import protocol
-from tether.shared.client import Client, configure
+from tether.shared import framing, protocol
+from tether.shared.client import Client
+from tether.shared.zmq_client import Client as ZmqClient
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench.common import ScratchAgent  # noqa: E402
@@ -38,50 +42,50 @@ def summary(us: list[float]) -> dict[str, float]:
             "max_us": round(max(us), 1), "n": len(us)}
 
 
-def sequential(sock: str, calls: int) -> dict[str, float]:
-    with Client(sock, timeout=5) as c:
-        for _ in range(1000):
-            c.call("state")
+def sequential(client: Client | ZmqClient, calls: int, kind: str = "state") -> dict[str, float]:
+    with client as c:
+        for _ in range(min(1000, calls)):
+            c.call(kind)
         out = []
         for _ in range(calls):
             t = time.perf_counter_ns()
-            c.call("state")
+            c.call(kind)
             out.append((time.perf_counter_ns() - t) / 1000)
     return summary(out)
 
 
 def parallel(socks: list[str], calls: int) -> dict[str, float]:
-    ctx = zmq.Context.instance()
-    poller = zmq.Poller()
-    dealers: list[zmq.Socket[Any]] = []
+    poller = select.poll()
+    conns: dict[int, tuple[socket.socket, framing.Deframer]] = {}
     for path in socks:
-        d = ctx.socket(zmq.DEALER)
-        configure(d)
-        d.connect("ipc://" + path)
-        poller.register(d, zmq.POLLIN)
-        dealers.append(d)
+        c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        c.connect(path)
+        conns[c.fileno()] = (c, framing.Deframer())
+        poller.register(c, select.POLLIN)
     sent: dict[int, int] = {}
     rid = 0
     out: list[float] = []
 
-    def send(i: int) -> None:
+    def send(fd: int) -> None:
         nonlocal rid
         rid += 1
-        sent[i] = time.perf_counter_ns()
-        dealers[i].send(protocol.encode_request(protocol.Request(id=rid, kind="state")))
-    for i in range(len(dealers)):
-        send(i)
-    index = {d: i for i, d in enumerate(dealers)}
+        sent[fd] = time.perf_counter_ns()
+        conns[fd][0].sendall(framing.frame(protocol.encode_request(
+            protocol.Request(id=rid, kind="state"))))
+    for fd in conns:
+        send(fd)
     t0 = time.perf_counter()
     while len(out) < calls:
-        for sock, _ in poller.poll(5000) or []:
-            i = index[sock]
-            protocol.decode_reply(sock.recv()).unwrap()
-            out.append((time.perf_counter_ns() - sent[i]) / 1000)
-            send(i)
+        for fd, _ in poller.poll(5000) or []:
+            c, deframer = conns[fd]
+            deframer.feed(c.recv(1 << 16))
+            while (payload := deframer.next()) is not None:
+                protocol.decode_reply(payload).unwrap()
+                out.append((time.perf_counter_ns() - sent[fd]) / 1000)
+                send(fd)
     wall = time.perf_counter() - t0
-    for d in dealers:
-        d.close(linger=0)
+    for c, _ in conns.values():
+        c.close()
     return dict(summary(out), calls_per_s=round(len(out) / wall))
 
 
@@ -104,17 +108,28 @@ def main() -> int:
                     raise SystemExit("jobs did not start")
                 time.sleep(0.1)
         socks = [os.path.join(state, "run", f"{i}.1", "sock") for i in ids]
-        result = {"sequential": sequential(socks[0], ns.calls),
+        ctl = os.path.join(state, "run", f"{ids[0]}.1", "ctl", "sock")
+        result = {"sequential": sequential(Client(socks[0], timeout=5), ns.calls),
+                  "zmq_reference": sequential(ZmqClient(ctl, timeout=5), ns.calls),
                   "parallel": parallel(socks, ns.calls), "supervisors": ns.jobs,
+                  "agent_status": sequential(Client(os.path.join(state, "agent.sock"),
+                                                    timeout=5), ns.calls // 5, "status"),
                   "load": os.getloadavg()[0]}
     finally:
         node.close()
     if ns.json:
         print(json.dumps(result))
     else:
-        s, p = result["sequential"], result["parallel"]
+        s, p, z = result["sequential"], result["parallel"], result["zmq_reference"]
+        a = result["agent_status"]
         print(f"state round trip, {ns.calls} calls, load {result['load']:.2f}")
-        print(f"  one client, one supervisor: median {s['median_us']} us, p99 {s['p99_us']} us")
+        print(f"  one client, one supervisor, door: median {s['median_us']} us, "
+              f"p99 {s['p99_us']} us")
+        print(f"  the same through its ZeroMQ socket (reference): median {z['median_us']} us, "
+              f"p99 {z['p99_us']} us (door/zmq median ratio "
+              f"{s['median_us'] / z['median_us']:.2f})")
+        print(f"  agent status through its door: median {a['median_us']} us, "
+              f"p99 {a['p99_us']} us")
         print(f"  {ns.jobs} supervisors in parallel: median {p['median_us']} us, "
               f"p99 {p['p99_us']} us (one request in flight per supervisor: "
               f"{p['calls_per_s']} calls/s in all)")

@@ -30,8 +30,8 @@ if TYPE_CHECKING:
 
 #: Commands that exist only against a cluster.
 CLUSTER_ONLY = ("nodes", "drain", "resume", "cluster")
-#: Commands that need a standalone agent and mean nothing cluster-wide.
-LOCAL_ONLY = ("status",)
+#: Commands about this node's own agent and supervisors: the same with or without a cluster.
+LOCAL_ONLY = ("status", "upgrade-supervisors")
 
 
 def dsn_of(ns: argparse.Namespace) -> str | None:
@@ -63,6 +63,9 @@ def clustered(layout: Layout, ns: argparse.Namespace) -> int | None:
         return None
     if ns.cmd in LOCAL_ONLY:
         return None
+    if ns.cmd not in COMMANDS:  # a verb that only knows one node's agent (e.g. top)
+        raise CliError(f"{ns.cmd}: not available for a cluster yet (without --cluster and "
+                       "TETHER_CLUSTER it shows this node's agent)", EXIT_USAGE)
     import psycopg
 
     from tether.shared import cluster_db
@@ -108,11 +111,22 @@ def _user(name: str | None) -> pwd.struct_passwd:
         raise CliError(f"submit: no user {name!r}") from None
 
 
+#: what ``submit`` carries to the cluster; an option added to ``submit`` later is refused with
+#: --cluster until the cluster carries it too (rather than silently dropped)
+SUBMIT_KEYS = frozenset({"cluster", "cmd", "command", "cpus", "env", "error", "gpus", "json",
+                         "memory_mb", "name", "no_requeue", "ntasks", "output", "pmi",
+                         "state_dir", "user", "wait", "workdir"})
+
+
 def cmd_submit(conn: Conn, dsn: str, ns: argparse.Namespace) -> int:
     from tether.agent.api import MAX_COMMAND_BYTES
     from tether.shared import cluster_db
     from tether.shared.timers import rfc3339_now
 
+    unsupported = sorted(k for k, v in vars(ns).items() if k not in SUBMIT_KEYS and v)
+    if unsupported:
+        names = ", ".join("--" + k.replace("_", "-") for k in unsupported)
+        raise CliError(f"submit: {names} not supported for cluster jobs yet", EXIT_USAGE)
     command = list(ns.command)
     if command and command[0] == "--":
         command = command[1:]

@@ -7,6 +7,7 @@ import sys
 
 from tether.cli.connect import agent_call, all_jobs
 from tether.cli.errors import EXIT_ERROR, EXIT_USAGE, CliError
+from tether.cli.format import say
 from tether.cli.jobfilter import ALIASES, select
 from tether.shared.errors import RemoteError
 from tether.shared.paths import Layout
@@ -27,9 +28,10 @@ def cancel(layout: Layout, ns: argparse.Namespace) -> int:
         try:
             agent_call(layout, "cancel", {"job": job})
         except RemoteError as exc:
-            # A job the filters chose may end before we get to it: that is what was wanted.
-            if filtered and not ns.jobs and exc.code == "state":
+            # A job the filters chose may end before we get to it: that is what was wanted. And
+            # filters choose among everyone's jobs: as scancel, only one's own are cancelled.
+            if filtered and not ns.jobs and exc.code in ("state", "permission_denied"):
                 continue
-            print(f"tether: {exc.message}", file=sys.stderr)
+            say(f"tether: {exc.message}", file=sys.stderr)
             failed += 1
     return EXIT_ERROR if failed else 0

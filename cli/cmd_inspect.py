@@ -9,7 +9,7 @@ from typing import Any
 
 from tether.cli.connect import open_step, supervisor_errors
 from tether.cli.errors import EXIT_USAGE, CliError
-from tether.cli.format import fmt_exit, print_pairs
+from tether.cli.format import fmt_exit, print_pairs, say
 from tether.shared.errors import RemoteError, VersionMismatch
 from tether.shared.paths import Layout
 from tether.shared.step_client import StepClient
@@ -47,7 +47,7 @@ def inspect(layout: Layout, ns: argparse.Namespace) -> int:
                                                 "supervisor_pid", "pids", "started_at",
                                                 "ended_at"))
     if st.get("exit"):
-        print(f"{'exit':<15}{fmt_exit(st['exit'])} {st['exit'].get('reason') or ''}".rstrip())
+        say(f"{'exit':<15}{fmt_exit(st['exit'])} {st['exit'].get('reason') or ''}".rstrip())
     if info is not None:
         user = f"{info['user'] or '?'} (uid {info['uid']})"
         print_pairs([("name", info["name"]), ("command", " ".join(info["command"])),
@@ -60,13 +60,13 @@ def inspect(layout: Layout, ns: argparse.Namespace) -> int:
 
 
 def show_pmi(st: dict[str, Any]) -> int:
-    print(f"{st['kind']} job {st['jobid']}: {st['size']} ranks, epoch {st['epoch']}, "
+    say(f"{st['kind']} job {st['jobid']}: {st['size']} ranks, epoch {st['epoch']}, "
           f"{st['kvs_keys']} keys ({st['store_bytes']} bytes), waiting "
           f"{st['waiting'] or 'none'}{', failure: ' + st['failure'] if st['failure'] else ''}")
     for r in st["ranks"]:
         flags = [k for k in ("connected", "initialized", "finalized", "aborted", "exited")
                  if r.get(k)]
-        print(f"  rank {r['rank']}: {r['protocol'] or '-'} {' '.join(flags)}")
+        say(f"  rank {r['rank']}: {r['protocol'] or '-'} {' '.join(flags)}")
     return 0
 
 
@@ -86,13 +86,13 @@ def show_pids(res: dict[str, Any], as_json: bool) -> int:
         return 0
     print(f"{'RANK':<6}{'PID':<9}STATUS")
     for t in res["tasks"]:
-        print(f"{t['rank']:<6}{t['pid'] or '-':<9}{task_status(t)}")
+        say(f"{t['rank']:<6}{t['pid'] or '-':<9}{task_status(t)}")
     if res["processes"]:
         print(f"\n{'PID':<9}{'PPID':<9}{'RANK':<6}{'STATE':<6}COMMAND")
         for p in res["processes"]:
             rank = "-" if p["rank"] is None else p["rank"]
             note = "  (adopted by the supervisor)" if p["adopted"] else ""
-            print(f"{p['pid']:<9}{p['ppid']:<9}{rank!s:<6}{p['state']:<6}{p['comm']}{note}")
+            say(f"{p['pid']:<9}{p['ppid']:<9}{rank!s:<6}{p['state']:<6}{p['comm']}{note}")
     if res.get("truncated"):
         print("(more processes not shown)")
     return 0
@@ -144,5 +144,5 @@ def show_events(step: StepClient, as_json: bool) -> int:
     for e in events:
         extra = " ".join(f"{k}={e[k]}" for k in ("rank", "pid", "state", "exit_code", "signal",
                                                   "reason") if e.get(k) is not None)
-        print(f"{e['seq']:<6}{e['time']}  {e['kind']:<13} {extra}".rstrip())
+        say(f"{e['seq']:<6}{e['time']}  {e['kind']:<13} {extra}".rstrip())
     return 0

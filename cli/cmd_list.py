@@ -7,6 +7,7 @@ import argparse
 import json
 
 from tether.cli.connect import all_jobs
+from tether.cli.format import say
 from tether.cli.jobfilter import select
 from tether.cli.table import DEFAULT_FORMAT, parse_format, render
 from tether.shared.paths import Layout
@@ -19,5 +20,5 @@ def list_jobs(layout: Layout, ns: argparse.Namespace) -> int:
         print(json.dumps(jobs))
         return 0
     for line in render(jobs, cols, header=not ns.no_header):
-        print(line)
+        say(line)  # names and commands are the jobs' own: escaped
     return 0

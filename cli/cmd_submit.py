@@ -13,6 +13,15 @@ from tether.cli.errors import EXIT_TIMEOUT, EXIT_USAGE, CliError
 from tether.cli.format import exit_status
 from tether.shared.paths import Layout
 
+#: The PATH of a job submitted for another user (``--user``): nothing of the submitter's.
+USER_PATH = "/usr/local/bin:/usr/bin:/bin"
+
+
+def current_umask() -> int:
+    mask = os.umask(0o022)  # the only way to read it is to set it; put it back at once
+    os.umask(mask)
+    return mask
+
 
 def submit(layout: Layout, ns: argparse.Namespace) -> int:
     command = list(ns.command)
@@ -21,11 +30,15 @@ def submit(layout: Layout, ns: argparse.Namespace) -> int:
     if not command:
         raise CliError("submit: missing the command to run (tether submit [OPTIONS] -- CMD)",
                        EXIT_USAGE)
-    env = dict(os.environ)  # like sbatch's default --export=ALL
+    # The submitter's environment, as sbatch's default --export=ALL: the agent adds none of its
+    # own. For another user (root's --user) nothing of root's shell goes along: a plain PATH
+    # and --env only.
+    env = {"PATH": USER_PATH} if ns.user is not None else dict(os.environ)
     env.update(dict(ns.env))
     workdir = os.path.abspath(ns.workdir or os.getcwd())
     args = {"command": command, "cpus": ns.cpus, "gpus": ns.gpus, "memory_mb": ns.memory_mb,
-            "ntasks": ns.ntasks, "workdir": workdir, "env": env, "pmi": ns.pmi}
+            "ntasks": ns.ntasks, "workdir": workdir, "env": env, "pmi": ns.pmi,
+            "umask": current_umask()}
     for key in ("name", "output", "error", "user"):
         if getattr(ns, key) is not None:
             args[key] = getattr(ns, key)

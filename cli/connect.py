@@ -16,6 +16,9 @@ from tether.shared.errors import RemoteError, TetherError, Unreachable
 from tether.shared.paths import Layout
 from tether.shared.step_client import StepClient, SupervisorGone, connect
 
+#: Arguments an agent of tether 0.1 does not know; left out when the door turns out to be one.
+NEWER_ARGS = ("umask",)
+
 
 def agent_call(layout: Layout, kind: str, args: dict[str, Any] | None = None,
                timeout: float = 10.0) -> Any:
@@ -27,7 +30,13 @@ def agent_call(layout: Layout, kind: str, args: dict[str, Any] | None = None,
         watch = AgentWatch(layout.sock)
     with Client(layout.sock, timeout=timeout) as client:
         try:
-            return client.call(kind, args or {}, watch=watch)
+            try:
+                return client.call(kind, args or {}, watch=watch)
+            except RemoteError as exc:
+                older = {k: v for k, v in (args or {}).items() if k not in NEWER_ARGS}
+                if client.legacy is None or exc.code != "bad_request" or older == args:
+                    raise
+                return client.call(kind, older, watch=watch)  # a 0.1 agent: what it knows
         except Unreachable as exc:
             raise CliError(f"the agent did not answer: {exc.message}") from None
         except RemoteError as exc:

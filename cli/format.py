@@ -6,6 +6,13 @@ from collections.abc import Iterable
 from typing import Any
 
 from tether.cli.errors import EXIT_ERROR
+from tether.shared.text import printable
+
+
+def say(*values: object, file: Any = None, flush: bool = False) -> None:
+    """``print`` for text that jobs or peers control (names, commands, process titles, reasons,
+    error messages): control characters are shown escaped, never sent to the terminal."""
+    print(*(printable(v) for v in values), file=file, flush=flush)
 
 
 def fmt_exit(job: dict[str, Any]) -> str:
@@ -30,7 +37,7 @@ def print_pairs(rows: Iterable[tuple[str, Any]]) -> None:
     for key, value in rows:
         if isinstance(value, list):
             value = " ".join(str(v) for v in value)
-        print(f"{key:<15}{'' if value is None else value}")
+        say(f"{key:<15}{'' if value is None else value}")
 
 
 JOB_FIELDS = ("id", "name", "state", "attempt", "exit_code", "signal", "reason", "command",

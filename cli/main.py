@@ -88,7 +88,9 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.flush()  # inside the try: a closed pipe shows here, not at exit
         return code
     except CliError as exc:
-        print(f"tether: {exc}" if not str(exc).startswith("tether") else str(exc),
+        from tether.shared.text import printable
+
+        print(printable(f"tether: {exc}" if not str(exc).startswith("tether") else str(exc)),
               file=sys.stderr)
         return exc.code
     except BrokenPipeError:
@@ -102,7 +104,9 @@ def main(argv: list[str] | None = None) -> int:
         from tether.shared.errors import TetherError
 
         if isinstance(exc, TetherError):  # RemoteError included: the agent's own words
-            print(f"tether: {exc.message}", file=sys.stderr)
+            from tether.shared.text import printable
+
+            print(printable(f"tether: {exc.message}"), file=sys.stderr)
             return EXIT_ERROR
         raise
 

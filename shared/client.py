@@ -1,8 +1,12 @@
-"""A blocking request/reply client over a ZeroMQ DEALER, for the CLI, tests and other tools.
+"""A blocking client of a door (the agent's or a supervisor's), for the CLI, tests and tools.
 
-Every call has a deadline. After a timeout the socket is closed with linger 0 and a fresh one
-opened for the next call: libzmq would otherwise deliver the timed-out request to a restarted
-server later, and a late reply could be taken for the answer to the next request.
+One connection to one path, length-prefixed msgpack frames (``framing.py``). Every call has a
+deadline; after a timeout the connection is closed and a fresh one opened for the next call, so
+a late reply is never taken for the answer to a later request.
+
+A daemon of tether 0.1 serves ZeroMQ at the same path; it greets first with ZMTP's signature
+(0xFF ...), which no door ever sends. Then, and only then, ZeroMQ is imported and the rest of
+this client's calls go through ``zmq_client`` (``legacy`` says so).
 """
 
 from __future__ import annotations
@@ -10,22 +14,19 @@ from __future__ import annotations
 import errno
 import itertools
 import os
+import select
 import socket
 import time
 from collections.abc import Callable
 from typing import Any
 
-import zmq
-
-from tether.shared import protocol
-from tether.shared.errors import Unreachable
+from tether.shared import framing, protocol
+from tether.shared.errors import TetherError, Unreachable
 
 
 def probe_unix(path: str, timeout: float = 1.0) -> str | None:
-    """Connect a plain AF_UNIX socket: None if someone accepts, else why not.
-
-    zmq connects lazily and would only tell us by timing out; this answers in well under a ms.
-    """
+    """Connect a plain AF_UNIX socket: None if someone accepts, else why not (in well under a
+    millisecond)."""
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.settimeout(timeout)
     try:
@@ -43,28 +44,22 @@ def probe_unix(path: str, timeout: float = 1.0) -> str | None:
     return None
 
 
-def configure(sock: zmq.Socket[Any]) -> None:
-    sock.setsockopt(zmq.LINGER, 0)
-    # The agent connects before a new supervisor has bound its socket (its start-up takes
-    # ~150 ms); libzmq's doubling back-off would then add up to the last interval again. A flat
-    # 10 ms retry costs nothing while the peer is absent and delivers within 10 ms of the bind.
-    sock.setsockopt(zmq.RECONNECT_IVL, 10)
-    sock.setsockopt(zmq.RECONNECT_IVL_MAX, 0)
-    sock.setsockopt(zmq.MAXMSGSIZE, protocol.MAX_FRAME)
+class _Zmtp(Exception):
+    """The peer greeted in ZMTP: a tether 0.1 daemon."""
 
 
 class Client:
-    """One connection to one endpoint (a supervisor's or the agent's socket)."""
+    """One connection to one door."""
 
     _ids = itertools.count(1)
 
-    def __init__(self, path: str, *, timeout: float = 5.0,
-                 ctx: zmq.Context[Any] | None = None) -> None:
+    def __init__(self, path: str, *, timeout: float = 5.0) -> None:
         self.path = path
-        self.endpoint = "ipc://" + path
         self.timeout = timeout
-        self._ctx = ctx or zmq.Context.instance()
-        self._sock: zmq.Socket[Any] | None = None
+        self._sock: socket.socket | None = None
+        self._deframer = framing.Deframer()
+        #: a ZeroMQ client, once the peer turned out to be a tether 0.1 daemon
+        self.legacy: Any = None
         # distinct per process so two clients never confuse each other's ids in logs
         self._prefix = os.getpid() << 20
         #: the version ``hello`` negotiated, and the release the server said it is (None before
@@ -72,18 +67,27 @@ class Client:
         self.protocol: int | None = None
         self.release: str | None = None
 
-    def _socket(self) -> zmq.Socket[Any]:
+    def _socket(self, deadline: float) -> socket.socket:
         if self._sock is None:
-            sock = self._ctx.socket(zmq.DEALER)
-            configure(sock)
-            sock.connect(self.endpoint)
-            self._sock = sock
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+            s.settimeout(max(0.001, deadline - time.monotonic()))
+            try:
+                s.connect(self.path)
+            except OSError as exc:
+                s.close()
+                raise Unreachable(f"cannot connect to {self.path}: "
+                                  f"{exc.strerror or exc}") from None
+            s.setblocking(False)
+            self._sock = s
+            self._deframer = framing.Deframer()
         return self._sock
 
     def close(self) -> None:
         if self._sock is not None:
-            self._sock.close(linger=0)
+            self._sock.close()
             self._sock = None
+        if self.legacy is not None:
+            self.legacy.close()
 
     def __enter__(self) -> Client:
         return self
@@ -97,49 +101,142 @@ class Client:
         """Send one request; return its result or raise RemoteError / Unreachable.
 
         ``watch``, if given, is called every ``watch_interval`` seconds while the reply is
-        awaited (a long poll, say); whatever it raises abandons the request (the socket is
+        awaited (a long poll, say); whatever it raises abandons the request (the connection is
         closed, as after a timeout) and propagates.
         """
+        if self.legacy is not None:
+            self.legacy.protocol = self.protocol  # as negotiated by hello, through it
+            return self.legacy.call(kind, args, timeout=timeout, watch=watch,
+                                    watch_interval=watch_interval)
         budget = self.timeout if timeout is None else timeout
-        rid = self._prefix + next(self._ids)
-        sock = self._socket()
-        v = protocol.version_for(kind, self.protocol)
-        frame = protocol.encode_request(protocol.Request(id=rid, kind=kind, args=args or {},
-                                                         v=v))
         deadline = time.monotonic() + budget
+        rid = self._prefix + next(self._ids)
+        v = protocol.version_for(kind, self.protocol)
+        data = framing.frame(protocol.encode_request(
+            protocol.Request(id=rid, kind=kind, args=args or {}, v=v)))
+        fresh = self._sock is None
         try:
-            sock.send(frame, zmq.NOBLOCK)
-        except zmq.Again:
-            pass  # queued once the connection exists; the deadline below still holds
-        except zmq.ZMQError as exc:
+            try:
+                return self._exchange(kind, rid, data, budget, deadline, watch, watch_interval)
+            except Unreachable:
+                # A ZeroMQ peer may reset the connection over our frame before we read its
+                # greeting: on a fresh connection's failure, listen first, send nothing.
+                if fresh and self._first_words(deadline):
+                    raise _Zmtp() from None
+                raise
+        except _Zmtp:
             self.close()
-            raise Unreachable(f"cannot send {kind!r} to {self.path}: {exc}") from None
+            from tether.shared import zmq_client  # only for a 0.1 daemon: keeps zmq off the CLI
+            self.legacy = zmq_client.Client(self.path, timeout=self.timeout)
+            self.legacy.protocol = self.protocol
+            return self.legacy.call(kind, args, timeout=max(0.1, deadline - time.monotonic()),
+                                    watch=watch, watch_interval=watch_interval)
+        except BaseException:
+            self.close()
+            raise
+
+    def _exchange(self, kind: str, rid: int, data: bytes, budget: float, deadline: float,
+                  watch: Callable[[], None] | None, watch_interval: float) -> Any:
+        sock = self._socket(deadline)
+        view = memoryview(data)
+        poller = select.poll()
+        poller.register(sock, select.POLLIN | select.POLLOUT)
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
-                self.close()
                 raise Unreachable(f"no reply to {kind!r} from {self.path} within {budget:g}s")
-            if watch is not None and left > watch_interval:
-                if not sock.poll(int(watch_interval * 1000), zmq.POLLIN):
-                    try:
-                        watch()
-                    except BaseException:
-                        self.close()
-                        raise
-                    continue
-            elif not sock.poll(int(left * 1000) + 1, zmq.POLLIN):
-                continue  # the deadline check above gives up
-            try:
-                reply = protocol.decode_reply(sock.recv(zmq.NOBLOCK))
-            except zmq.Again:
+            wait = min(left, watch_interval) if watch is not None else left
+            if not view:
+                poller.modify(sock, select.POLLIN)
+            events = poller.poll(int(wait * 1000) + 1)
+            if not events:
+                if watch is not None:
+                    watch()
                 continue
-            except zmq.ZMQError as exc:
+            flags = events[0][1]
+            if view and flags & select.POLLOUT:
+                try:
+                    view = view[sock.send(view):]
+                except BlockingIOError:
+                    pass
+                except OSError as exc:
+                    self._maybe_zmtp()
+                    raise Unreachable(f"cannot send {kind!r} to {self.path}: "
+                                      f"{exc.strerror or exc}") from None
+            if not flags & (select.POLLIN | select.POLLHUP | select.POLLERR):
+                continue
+            try:
+                chunk = sock.recv(1 << 16)
+            except BlockingIOError:
+                continue
+            except OSError as exc:
                 if exc.errno == errno.EINTR:
                     continue
-                raise
+                self._maybe_zmtp()
+                raise Unreachable(f"connection to {self.path} failed during {kind!r}: "
+                                  f"{exc.strerror or exc}") from None
+            if not chunk:
+                self._maybe_zmtp()
+                raise Unreachable(f"{self.path} closed the connection during {kind!r}")
+            self._deframer.feed(chunk)
+            reply = self._reply(rid)
+            if reply is not None:
+                return reply.unwrap()
+
+    def _first_words(self, deadline: float) -> bool:
+        """What the peer says unasked on a new connection: True for a ZMTP greeting (a 0.1
+        daemon); a door's one refusal frame (``busy``) is raised as the ``RemoteError`` it
+        is; anything else, nothing (False): the caller's error stands."""
+        self.close()
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        d = framing.Deframer()
+        try:
+            s.settimeout(max(0.01, min(0.5, deadline - time.monotonic())))
+            s.connect(self.path)
+            while True:
+                data = s.recv(1 << 16)
+                if not data:
+                    return False
+                if framing.looks_like_zmtp(data) and not d.buffered:
+                    return True
+                d.feed(data)
+                payload = d.next()
+                if payload is not None:
+                    break
+        except (OSError, framing.FrameTooLarge):
+            return False
+        finally:
+            s.close()
+        try:
+            reply = protocol.decode_reply(payload)
+        except TetherError:
+            return False
+        if reply.id is None and not reply.ok:
+            reply.unwrap()  # raises RemoteError: busy, say
+        return False
+
+    def _maybe_zmtp(self) -> None:
+        if framing.looks_like_zmtp(bytes(self._deframer.buf[:1])):
+            raise _Zmtp()
+
+    def _reply(self, rid: int) -> protocol.Reply | None:
+        """The reply to ``rid`` if it is buffered; stale replies are skipped."""
+        while True:
+            self._maybe_zmtp()
+            try:
+                payload = self._deframer.next()
+            except framing.FrameTooLarge as exc:
+                raise Unreachable(f"{self.path} sent a bad frame ({exc})") from None
+            if payload is None:
+                return None
+            try:
+                reply = protocol.decode_reply(payload)
+            except TetherError as exc:
+                raise Unreachable(f"{self.path} sent an undecodable reply: {exc.message}") \
+                    from None
             if reply.id is not None and reply.id != rid:
                 continue  # a stale reply to an earlier request
-            return reply.unwrap()
+            return reply
 
     def hello(self, **kw: Any) -> dict[str, Any]:
         """Negotiate the protocol version; later calls are sent in it."""

@@ -60,6 +60,12 @@ class LaunchError(TetherError):
     code = "launch"
 
 
+class Busy(TetherError):
+    """A door's cap was reached for this caller (connections, queued work): try again later."""
+
+    code = "busy"
+
+
 class Unavailable(TetherError):
     """The node cannot do it now (for instance its state directory is full); try later."""
 
@@ -92,6 +98,7 @@ ERROR_CODES = {
         StateError,
         ResourceError,
         LaunchError,
+        Busy,
         Unavailable,
     )
 }

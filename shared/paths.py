@@ -1,14 +1,16 @@
 """The spool layout: the one place that names the files the agent and supervisors share.
 
     <state_dir>/agent.lock          flock held by the one live agent
-    <state_dir>/agent.sock          the agent's ZeroMQ ROUTER (ipc), for the CLI
+    <state_dir>/agent.sock          the agent's door (plain AF_UNIX, any local user), for the CLI
     <state_dir>/tether.db           SQLite: intent and history (agent only)
     <state_dir>/supervisors.log     supervisors' stderr, appended
     <state_dir>/template.sock       the warm supervisor template (SOCK_SEQPACKET, 0600)
     <state_dir>/run/<job>.<attempt>/
         lock       flock: taken by the agent before spawning, inherited and held by the supervisor
         spec.json  what to run, written by the agent before the spawn
-        sock       the supervisor's ROUTER (ipc)
+        sock       the supervisor's door (plain AF_UNIX, any local user)
+        ctl/       0700: only the agent's uid may enter
+            sock   the supervisor's ZeroMQ ROUTER, for the agent (tether 0.1: ``sock`` above)
         manifest.json  identities and phase, written by the supervisor (ready, launching, running)
         exit.json  the exit sentinel, written once the last task is reaped
 
@@ -72,6 +74,19 @@ class RunDir(Frozen):
         return os.path.join(self.path, "sock")
 
     @property
+    def ctl(self) -> str:
+        return os.path.join(self.path, "ctl")
+
+    @property
+    def ctl_sock(self) -> str:
+        return os.path.join(self.path, "ctl", "sock")
+
+    def agent_sock(self) -> str:
+        """Where the agent reaches this supervisor: ``ctl/sock``, or for a supervisor of tether
+        0.1 (no ``ctl/``), ``sock``."""
+        return self.ctl_sock if os.path.isdir(self.ctl) else self.sock
+
+    @property
     def manifest(self) -> str:
         return os.path.join(self.path, "manifest.json")
 
@@ -117,7 +132,7 @@ class Layout(Frozen):
     def check(self) -> None:
         """Fail early, with the reason, if a socket path in this layout would be too long."""
         check_ipc_path(self.sock)
-        check_ipc_path(os.path.join(self.run_root, _WORST_RUN_NAME, "sock"))
+        check_ipc_path(os.path.join(self.run_root, _WORST_RUN_NAME, "ctl", "sock"))
 
     def run_dirs(self) -> list[RunDir]:
         """Every well-named run directory, ordered by (job, attempt). Other names are ignored."""
@@ -133,13 +148,18 @@ class Layout(Frozen):
         return sorted(found, key=lambda r: (r.job, r.attempt))
 
 
+#: The node's agent (root's), which every local user submits to.
+SYSTEM_STATE_DIR = "/var/lib/tether"
+
+
 def default_state_dir() -> str:
-    """``TETHER_STATE_DIR``, else /var/lib/tether for root, else the XDG state directory."""
+    """``TETHER_STATE_DIR``, else /var/lib/tether for root and for every user when the node's
+    agent serves there, else the user's XDG state directory (an agent of her own)."""
     env = os.environ.get("TETHER_STATE_DIR")
     if env:
         return env
-    if os.geteuid() == 0:
-        return "/var/lib/tether"
+    if os.geteuid() == 0 or os.path.exists(os.path.join(SYSTEM_STATE_DIR, "agent.sock")):
+        return SYSTEM_STATE_DIR
     xdg = os.environ.get("XDG_STATE_HOME")
     base = xdg if xdg else os.path.join(os.path.expanduser("~"), ".local", "state")
     return os.path.join(base, "tether")

@@ -71,6 +71,13 @@ MAX_FRAME = 1 << 20
 
 RequestId = int | str
 
+#: What one frame may make a reader allocate (msgpack otherwise bounds each container only by
+#: the frame's length): strings and binaries up to a frame, containers of at most 64 Ki items.
+UNPACK_LIMITS: dict[str, int] = {
+    "max_str_len": MAX_FRAME, "max_bin_len": MAX_FRAME, "max_array_len": 1 << 16,
+    "max_map_len": 1 << 16, "max_ext_len": 0,
+}
+
 
 class Request(Frozen):
     __slots__ = ("id", "kind", "args", "v")
@@ -115,7 +122,7 @@ def _unpack(data: bytes) -> Any:
     if len(data) > MAX_FRAME:
         raise DecodeError(f"frame of {len(data)} bytes exceeds the {MAX_FRAME}-byte limit")
     try:
-        return msgpack.unpackb(data, raw=False, strict_map_key=True)
+        return msgpack.unpackb(data, raw=False, strict_map_key=True, **UNPACK_LIMITS)
     except Exception as exc:  # msgpack raises a zoo of types (ValueError, FormatError, ...)
         raise DecodeError(f"frame is not valid msgpack: {type(exc).__name__}") from None
 
@@ -164,7 +171,7 @@ def decode_request(data: bytes) -> Request:
 def peek_id(data: bytes) -> RequestId | None:
     """Best-effort id of an invalid frame, so its error reply can still be matched."""
     try:
-        obj = msgpack.unpackb(data, raw=False, strict_map_key=False)
+        obj = msgpack.unpackb(data, raw=False, strict_map_key=False, **UNPACK_LIMITS)
     except Exception:  # any undecodable frame simply has no id
         return None
     if isinstance(obj, dict) and _valid_id(obj.get("id")):

@@ -20,9 +20,13 @@ waits, the supervisor process is watched through /proc, so one that dies mid-cal
 
 from __future__ import annotations
 
+import contextlib
 import os
+import pwd
 import re
 import signal as _signal
+import socket
+import stat
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -136,6 +140,16 @@ class StepClient:
             return self.ident.alive()
         return probe_unix(self.path) is None
 
+    def _dying(self, within: float = 1.0) -> bool:
+        """Is the supervisor gone, or going? A door's connection closes while its process is
+        still exiting, before /proc shows it dead: give it ``within`` seconds to show it."""
+        deadline = time.monotonic() + within
+        while self._alive():
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.02)
+        return True
+
     def _watch(self) -> None:
         if not self._alive():
             raise self._gone("its process exited")
@@ -154,7 +168,7 @@ class StepClient:
                 raise self._too_old(kind) from None
             raise
         except Unreachable:
-            if not self._alive():
+            if self._dying():
                 raise self._gone("no reply, and it is no longer running") from None
             raise
 
@@ -166,7 +180,7 @@ class StepClient:
         try:
             res = self.client.hello(timeout=None, watch=self._watch)
         except Unreachable:
-            if not self._alive():
+            if self._dying():
                 raise self._gone("no reply, and it is no longer running") from None
             raise
         self.hello = res
@@ -225,11 +239,13 @@ class StepClient:
         self.offsets = dict(offsets or {})
         self.fell_back = False
         paths: dict[str, str] = {}
+        owner = os.geteuid()
         if fallback:
             info = self.info()
             # the first task's files, as the supervisor's readers (outpattern)
             paths = {"stdout": outpattern.for_task(info["output"], 0),
                      "stderr": outpattern.for_task(info["error"], 0)}
+            owner = int(info.get("uid", owner))
         while True:
             try:
                 res = self.call("output", {"stream": stream, "offset": self.offsets,
@@ -244,7 +260,7 @@ class StepClient:
                     names = ["stdout"]
                 else:
                     names = ["stdout", "stderr"]
-                yield from self._finish_from_files(paths, names)
+                yield from self._finish_from_files(paths, names, owner)
                 return
             self.last_phase = res.get("phase")
             for name in ("stdout", "stderr"):
@@ -279,12 +295,12 @@ class StepClient:
                                   f"re-executing within {deadline:g}s")
             time.sleep(UPGRADE_PROBE / 4)
 
-    def _finish_from_files(self, paths: dict[str, str],
-                           names: list[str]) -> Iterator[tuple[str, bytes]]:
+    def _finish_from_files(self, paths: dict[str, str], names: list[str],
+                           owner: int) -> Iterator[tuple[str, bytes]]:
         self.fell_back = True
         for name in names:
             try:
-                fd = os.open(paths[name], os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+                fd = open_as_reader(paths[name], owner)
             except (OSError, KeyError) as exc:
                 raise self._gone(f"and its {name} file cannot be read: {exc}") from None
             try:
@@ -316,6 +332,55 @@ class StepClient:
             args["rank"] = rank
         res: dict[str, Any] = self.call("signal", args)
         return res
+
+
+def open_as_reader(path: str, owner: int) -> int:
+    """``path`` opened read-only with the rights of the calling user, and never more than the
+    job's owner has: root reading another user's output does so in a forked child that has
+    become that user (the path is the user's to point anywhere, /etc/shadow included)."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+    if os.geteuid() != 0 or owner == 0:
+        return _checked_reader(os.open(path, flags), path)
+    try:
+        pw = pwd.getpwuid(owner)
+        gid, groups = pw.pw_gid, os.getgrouplist(pw.pw_name, pw.pw_gid)
+    except KeyError:
+        gid, groups = owner, []
+    ours, theirs = socket.socketpair()
+    pid = os.fork()
+    if pid == 0:  # the child: only os calls, then _exit
+        code = 1
+        try:
+            ours.close()
+            os.setgroups(groups)
+            os.setresgid(gid, gid, gid)
+            os.setresuid(owner, owner, owner)
+            socket.send_fds(theirs, [b"ok"], [os.open(path, flags)])
+            code = 0
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                theirs.send(f"{exc.strerror}".encode())
+        finally:
+            os._exit(code)
+    theirs.close()
+    try:
+        ours.settimeout(10)
+        msg, fds, _, _ = socket.recv_fds(ours, 1024, 1)
+    finally:
+        ours.close()
+        os.waitpid(pid, 0)
+    if msg != b"ok" or not fds:
+        raise OSError(f"{path}: {msg.decode(errors='replace') or 'cannot open it'} "
+                      f"(as uid {owner})")
+    return _checked_reader(fds[0], path)
+
+
+def _checked_reader(fd: int, path: str) -> int:
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(f"{path} is not a regular file")
+    os.set_blocking(fd, True)
+    return fd
 
 
 def connect(job: int, *, state_dir: str | None = None, timeout: float = 5.0) -> StepClient:

@@ -1,7 +1,8 @@
-"""Server-side framing shared by the agent's and the supervisors' ROUTER sockets (I/O).
+"""Server-side framing of a supervisor's ZeroMQ ROUTER, reachable by the agent's uid only (I/O).
 
-A ROUTER receives [routing id, payload]; the payload frame carries the kernel's credentials of
-the connecting peer (``Peer-Address`` = "host:uid:gid:pid", from SO_PEERCRED at connect time).
+People never get here: they use the doors (``door.py``). A ROUTER receives [routing id,
+payload]; the payload frame carries the kernel's credentials of the connecting peer
+(``Peer-Address`` = "host:uid:gid:pid", from SO_PEERCRED at connect time).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import zmq
 
 from tether.shared import protocol
 from tether.shared.errors import BadRequest, TetherError
+from tether.shared.text import clip
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +31,10 @@ class Peer:
     delimited: bool = False
     #: the protocol version its request spoke: the reply answers in it
     v: int = protocol.PROTOCOL_VERSION
+
+    @property
+    def key(self) -> bytes:
+        return self.routing_id
 
     def __str__(self) -> str:
         return f"uid {self.uid} pid {self.pid}"
@@ -81,7 +87,7 @@ def receive(sock: zmq.Socket[Any]) -> tuple[Peer, protocol.Request] | None:
             rid = getattr(exc, "request_id", None)
             if rid is None:
                 rid = protocol.peek_id(data)
-            log.warning("bad request from %s: %s", peer, exc.message)
+            log.warning("bad request from %s: %s", peer, clip(exc.message))
             send(sock, peer, protocol.error(rid, exc))
 
 

@@ -1,7 +1,8 @@
 """Request handlers of the supervisor's socket: one table, one authorization class per verb.
 
 Who may call what is decided per request from the kernel's credentials of the connecting peer
-(ZeroMQ's ``Peer-Address``: SO_PEERCRED at connect time), never from anything in the message:
+(SO_PEERCRED at connect time: the door's, or ZeroMQ's ``Peer-Address`` on the agent's socket),
+never from anything in the message:
 
 - ``ANY`` local user: ``hello``, ``state``
 - ``OWNER``: the job's owner, root and the agent's uid (``info``, ``pids``, ``stats``,
@@ -26,9 +27,10 @@ from typing import TYPE_CHECKING, Any
 
 import tether
 from tether.shared import protocol
+from tether.shared.door import Conn
 from tether.shared.errors import BadRequest, PermissionDenied, StateError, UnknownKind
 from tether.shared.protocol import arg_int, arg_number, arg_str, check_known
-from tether.shared.wire import Peer
+from tether.shared.wire import Peer as WirePeer
 from tether.supervisor import introspect
 from tether.supervisor.step import Phase, signal_name
 
@@ -51,6 +53,8 @@ MAX_LINES = 1_000_000
 MAX_HOLD_ARG = 3600.0
 ENDED = (Phase.EXITED, Phase.ABORTED)
 
+#: who sent a request: the agent on the ZeroMQ socket in ctl/, or anyone on the door
+Peer = WirePeer | Conn
 Handler = Callable[["Supervisor", Peer, protocol.Request], Any]
 
 
@@ -121,7 +125,12 @@ def claim(sup: Supervisor, peer: Peer, req: protocol.Request) -> Any:
         raise StateError(f"step {sup.rd.job}.{sup.rd.attempt} was aborted before launch: "
                          f"{sup.step.abort_reason}")
     if phase is Phase.READY:
-        sup.claim()
+        sup.claim(peer, req.id)  # answered once the outputs are open and the tasks started
+        return PENDING
+    return claim_result(sup)
+
+
+def claim_result(sup: Supervisor) -> dict[str, Any]:
     return {
         "phase": sup.step.phase.value, "started_at": sup.step.started_at,
         "tasks": [{"rank": t.rank, "pid": t.pid, "start_ticks": t.start_ticks}

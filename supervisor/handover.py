@@ -45,8 +45,10 @@ if TYPE_CHECKING:
     from tether.supervisor.service import Supervisor
 
 #: the layout of the handed-over state; see the module docstring
-FORMAT = 1
-FORMATS_READ = frozenset({1})
+#: 2: the door's listening socket (``door_fd``) beside the ROUTER's, which listens in ctl/; a
+#: format-1 image (no door: its ROUTER on ``sock``, open to everyone) keeps that layout
+FORMAT = 2
+FORMATS_READ = frozenset({1, 2})
 BACKLOG = 128
 PROBE_TIMEOUT = 20.0
 
@@ -111,12 +113,14 @@ def capture(sup: Supervisor) -> dict[str, Any]:
         "step": sup.step,
         "events": sup.events, "record": sup.record, "final_sizes": sup.final_sizes,
         "task_end_boottime": sup.task_end_boottime, "readers": dict(sup.launcher.readers),
-        "listen_fd": sup.listen_fd, "timers": timers, "pmi": pmi,
+        "listen_fd": sup.listen_fd, "door_fd": sup.door_fd, "timers": timers, "pmi": pmi,
     }
 
 
 def kept_fds(state: dict[str, Any], lock_fd: int) -> list[int]:
     fds = [lock_fd, state["listen_fd"], *state["readers"].values()]
+    if state.get("door_fd", -1) >= 0:
+        fds.append(state["door_fd"])
     if state["pmi"] is not None:
         fds.extend(state["pmi"]["ours"].values())
     return sorted(set(fds))

@@ -11,14 +11,17 @@ inherits the affinity of the thread that forked it, so no ``preexec_fn`` runs in
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import logging
 import os
+import signal
 import socket
 import stat
 import subprocess
-import sys
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, NoReturn
 
 from tether.shared import outpattern
 from tether.shared.procid import start_ticks
@@ -55,120 +58,201 @@ def task_env(spec: dict[str, Any], rank: int) -> dict[str, str]:
 
 
 #: O_NONBLOCK so that a FIFO at an output path fails at once (ENXIO: no reader) instead of
-#: blocking the supervisor; it is cleared again once the fd is known to be a file or device.
+#: blocking; it is cleared again once the fd is known to be a file or device.
 _OUTPUT_FLAGS = (os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND | os.O_NOFOLLOW
                  | os.O_CLOEXEC | os.O_NONBLOCK)
-
-#: Run as the job's user (python -S -c): opens each output path with that user's rights and
-#: O_NOFOLLOW, and hands the fds back over SCM_RIGHTS on the socket whose number is argv[1].
-#: A string here, so nothing is imported from the (possibly upgraded) package at launch.
-_OPENER = r"""
-import os, socket, sys
-s = socket.socket(fileno=int(sys.argv[1]))
-fds = []
-for path in sys.argv[2:]:
-    try:
-        fds.append(os.open(path, int(os.environ["TETHER_FLAGS"]), 0o644))
-    except OSError as e:
-        s.sendall(("cannot open output file %s: %s" % (path, e.strerror)).encode())
-        sys.exit(1)
-socket.send_fds(s, [b"ok"], fds)
-"""
+#: fds per SCM_RIGHTS message (the kernel takes at most 253): a job with per-task files
+#: (``%t``) has up to two per task, sent in several messages.
+_BATCH = 200
+#: How long the rest of a batch may take once the first message arrived.
+OPENER_TIMEOUT = 5.0
 
 
-#: The interpreter behind our venv (which may lie where the job's user cannot go): the opener
-#: needs only the standard library (-S), and the user must be able to execute it.
-_BASE_PYTHON = os.path.realpath(sys.executable)
+def output_paths(spec: dict[str, Any]) -> list[str]:
+    """Every distinct file the tasks write, in order: rank 0's output (and error), then the
+    other ranks' when the names have ``%t`` (the agent expanded every other token)."""
+    per_task = outpattern.per_task(spec["output"]) or outpattern.per_task(spec["error"])
+    paths: list[str] = []
+    for rank in range(spec["ntasks"] if per_task else 1):
+        for name in (spec["output"], spec["error"]):
+            path = outpattern.for_task(name, rank)
+            if path not in paths:
+                paths.append(path)
+    return paths
 
 
-def _check_opened(fd: int, path: str) -> int:
-    """Only a regular file or a character device (/dev/null) may take a job's output."""
-    st = os.fstat(fd)
-    if not (stat.S_ISREG(st.st_mode) or stat.S_ISCHR(st.st_mode)):
-        os.close(fd)
-        raise LaunchFailed(f"output file {path} is not a regular file")
-    os.set_blocking(fd, True)
-    return fd
+@dataclass
+class Opened:
+    """What the opener handed back, all opened with the job's user's credentials."""
+
+    workdir: int  #: O_PATH fd of the working directory (tasks start there via /proc/self/fd)
+    outputs: dict[str, int]  #: path -> write fd, one per distinct output path
+    readers: list[int | None]  #: read-only fds on rank 0's files (None: the user may not read)
+
+    def close(self) -> None:
+        for fd in [self.workdir, *self.outputs.values()]:
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
 
-def _open_output(path: str) -> int:
-    try:
-        return _check_opened(os.open(path, _OUTPUT_FLAGS, 0o644), path)
-    except OSError as exc:
-        raise LaunchFailed(f"cannot open output file {path}: {exc.strerror}") from None
+class Opener:
+    """A forked child that becomes the job's user, enters the working directory and opens the
+    output files, then hands the fds back over SCM_RIGHTS and exits.
 
+    Nothing of the user's is executed or imported: no interpreter starts, the child is this
+    process forked (it imports nothing), and it changes directory only after dropping
+    privileges. The fds are checked here before any task gets them. The supervisor's loop polls
+    ``sock`` and calls ``result()`` once it is readable, so the loop never waits for the
+    user's files (a hung file system, say).
+    """
 
-def _open_outputs_as(spec: dict[str, Any], paths: list[str]) -> list[int]:
-    """Open ``paths`` as the job's user, in a short-lived child with that user's credentials."""
-    ours, theirs = socket.socketpair()
-    try:
-        proc = subprocess.Popen(
-            [_BASE_PYTHON, "-S", "-c", _OPENER, str(theirs.fileno()), *paths],
-            user=spec["uid"], group=spec["gid"], extra_groups=spec["groups"],
-            pass_fds=(theirs.fileno(),), cwd=spec["workdir"], stdin=subprocess.DEVNULL,
-            env={"TETHER_FLAGS": str(_OUTPUT_FLAGS)},
-        )
+    def __init__(self, spec: dict[str, Any], paths: list[str]) -> None:
+        self.spec = spec
+        self.paths = paths
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.pid = os.fork()
+        if self.pid == 0:  # the child: never returns
+            ours.close()
+            _open_as_user(spec, paths, theirs)
         theirs.close()
-        ours.settimeout(10)
-        msg, fds, _, _ = socket.recv_fds(ours, 1024, len(paths))
-        proc.wait(timeout=10)
-    except (OSError, subprocess.SubprocessError) as exc:
-        raise LaunchFailed(f"cannot open the output files as {spec['user']}: {exc}") from None
-    finally:
-        theirs.close()
-        ours.close()
-    if msg != b"ok" or len(fds) != len(paths):
-        for fd in fds:
+        ours.setblocking(False)
+        self.sock = ours
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGKILL)
+
+    def result(self) -> Opened:
+        """The checked fds, or LaunchFailed with the reason. The first message is in (the
+        loop saw the socket readable); the rest of a large batch follows at once."""
+        fds: list[int] = []
+        try:
+            msg, got, _, _ = socket.recv_fds(self.sock, 4096, _BATCH)
+            fds += got
+            text = msg.decode(errors="replace")
+            head, _, flags = text.partition(";")
+            want = int(head[3:]) if head.startswith("ok:") and head[3:].isdigit() else -1
+            self.sock.settimeout(OPENER_TIMEOUT)
+            while 0 <= len(fds) < want:
+                _, got, _, _ = socket.recv_fds(self.sock, 16, _BATCH)
+                if not got:
+                    break
+                fds += got
+        except (OSError, ValueError) as exc:
+            for fd in fds:
+                os.close(fd)
+            raise LaunchFailed(f"cannot open the output files as {self.spec.get('user')}: "
+                               f"{exc}") from None
+        n = len(self.paths)
+        if want < 0 or len(fds) != want or want < 1 + n:
+            for fd in fds:
+                os.close(fd)
+            raise LaunchFailed(bounded(text if want < 0 else "the output opener sent "
+                                       f"{len(fds)} of {want} files"))
+        wd, outs, rest = fds[0], fds[1:1 + n], fds[1 + n:]
+        readers: list[int | None] = []
+        for flag in flags[:2]:
+            readers.append(rest.pop(0) if flag == "1" and rest else None)
+        for fd in rest:
             os.close(fd)
-        raise LaunchFailed(msg.decode(errors="replace") or "cannot open the output files")
-    for fd in fds:
-        os.set_inheritable(fd, False)
-    return [_check_opened(fd, path) for fd, path in zip(fds, paths, strict=True)]
+        opened = Opened(wd, dict(zip(self.paths, outs, strict=True)), readers)
+        try:
+            _check_dir(wd, self.spec["workdir"])
+            for path, fd in opened.outputs.items():
+                _check_output(fd, path)
+        except LaunchFailed:
+            opened.close()
+            for r in readers:
+                if r is not None:
+                    os.close(r)
+            raise
+        return opened
 
 
-def _open_task_outputs(spec: dict[str, Any], rank: int) -> tuple[list[int], int, int]:
-    """The fds a task writes to (opened as the job's user when it is another one): the fds to
-    close afterwards, its stdout and its stderr."""
-    out_path = outpattern.for_task(spec["output"], rank)
-    err_path = outpattern.for_task(spec["error"], rank)
-    paths = [out_path] if err_path == out_path else [out_path, err_path]
-    fds: list[int] = []
+def _open_as_user(spec: dict[str, Any], paths: list[str], sock: socket.socket) -> NoReturn:
+    """The opener child. Only os calls and formatting: no imports, no interpreter."""
+    code = 1
     try:
+        signal.set_wakeup_fd(-1)  # the parent's wakeup fd is not ours to write
         if _runs_as_other_user(spec):
-            fds = _open_outputs_as(spec, paths)
-        else:
-            for path in paths:
-                fds.append(_open_output(path))
-    except LaunchFailed:
-        _close(fds)
-        raise
-    return fds, fds[0], fds[-1]
+            os.setgroups(spec["groups"])
+            os.setresgid(spec["gid"], spec["gid"], spec["gid"])
+            os.setresuid(spec["uid"], spec["uid"], spec["uid"])
+        os.umask(int(spec.get("umask", 0o022)))
+        workdir = spec["workdir"]
+        try:
+            wd = os.open(workdir, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+            os.fchdir(wd)  # proves the user may enter it (search permission)
+        except OSError as exc:
+            raise _Refused(f"cannot enter working directory {workdir}: {exc.strerror}") \
+                from None
+        outs = []
+        for path in paths:
+            try:
+                outs.append(os.open(path, _OUTPUT_FLAGS, 0o666))
+            except OSError as exc:
+                raise _Refused(f"cannot open output file {path}: {exc.strerror}") from None
+        readers, flags = [], ""
+        first = [outs[paths.index(outpattern.for_task(spec[name], 0))]
+                 for name in ("output", "error")]
+        for fd in first:  # rank 0's files: what introspection reads
+            try:  # as the user: a file she may only write gives no reader
+                readers.append(os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_CLOEXEC))
+                flags += "1"
+            except OSError:
+                flags += "0"
+        fds = [wd, *outs, *readers]
+        socket.send_fds(sock, [f"ok:{len(fds)};{flags}".encode()], fds[:_BATCH])
+        for i in range(_BATCH, len(fds), _BATCH):
+            socket.send_fds(sock, [b"more"], fds[i:i + _BATCH])
+        code = 0
+    except _Refused as exc:
+        with contextlib.suppress(OSError):
+            sock.send(str(exc).encode(errors="replace")[:4000])
+    except BaseException as exc:  # noqa: BLE001  (the child must reach _exit, whatever happens)
+        with contextlib.suppress(BaseException):
+            sock.send(f"cannot open the output files: {exc}".encode(errors="replace")[:4000])
+    os._exit(code)
 
 
-def _close(fds: list[int]) -> None:
-    for fd in fds:
-        os.close(fd)
+class _Refused(Exception):
+    pass
 
 
-def _exec_reason(exc: OSError, spec: dict[str, Any]) -> str:
-    if exc.filename == spec["workdir"]:
+def _check_dir(fd: int, path: str) -> None:
+    try:
+        if not stat.S_ISDIR(os.fstat(fd).st_mode):
+            raise LaunchFailed(f"working directory {path} is not a directory")
+    except OSError as exc:
+        raise LaunchFailed(f"cannot enter working directory {path}: {exc.strerror}") from None
+
+
+def _check_output(fd: int, path: str) -> None:
+    """Only a regular file or a character device (/dev/null), opened for writing, may take a
+    job's output: anything else the opener sent (an O_PATH fd, a FIFO) fails the launch."""
+    try:
+        st = os.fstat(fd)
+        if not (stat.S_ISREG(st.st_mode) or stat.S_ISCHR(st.st_mode)):
+            raise LaunchFailed(f"output file {path} is not a regular file")
+        flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+        if flags & os.O_PATH or flags & os.O_ACCMODE != os.O_WRONLY:
+            raise LaunchFailed(f"output file {path} was not opened for writing")
+        os.set_blocking(fd, True)
+    except OSError as exc:
+        raise LaunchFailed(f"cannot use output file {path}: {exc.strerror}") from None
+
+
+def _exec_reason(exc: OSError, spec: dict[str, Any], cwd: str) -> str:
+    if exc.filename in (spec["workdir"], cwd):
         return f"cannot enter working directory {spec['workdir']}: {exc.strerror}"
     return f"cannot execute {spec['command'][0]!r}: {exc.strerror}"
 
 
 def _runs_as_other_user(spec: dict[str, Any]) -> bool:
     return "uid" in spec and spec["uid"] != os.getuid()
-
-
-def _readers(out: int, err: int) -> dict[str, int]:
-    readers: dict[str, int] = {}
-    try:
-        readers["stdout"] = os.open(f"/proc/self/fd/{out}", os.O_RDONLY | os.O_CLOEXEC)
-        readers["stderr"] = (readers["stdout"] if err == out else
-                             os.open(f"/proc/self/fd/{err}", os.O_RDONLY | os.O_CLOEXEC))
-    except OSError as exc:  # output stays on disk; only introspection of it is lost
-        log.warning("cannot open the output files for reading: %s", exc)
-    return readers
 
 
 def _skip_rest(step: Step, why: str) -> None:
@@ -198,40 +282,38 @@ class Launcher:
         self.spawned = spawned
         self.env_filter = env_filter
 
-    def launch(self, spec: dict[str, Any], step: Step) -> None:
-        """Start every task. On a failure the started ones are killed by the caller."""
-        # A name with %t gives each task its own files (the agent expanded every other token).
-        per_task = outpattern.per_task(spec["output"]) or outpattern.per_task(spec["error"])
-        fds: list[int] = []
-        try:
-            fds, out, err = _open_task_outputs(spec, 0)
-        except LaunchFailed as exc:
-            step.tasks[0].record_launch_failure(str(exc))
+    def launch(self, spec: dict[str, Any], step: Step, opened: Opened | LaunchFailed) -> None:
+        """Start every task on what the opener handed back (or record why it could not).
+        On a failure the started ones are killed by the caller. The opener's fds are closed
+        here, whatever happens; the readers are kept."""
+        if isinstance(opened, LaunchFailed):
+            step.tasks[0].record_launch_failure(str(opened))
             step.note_exit(step.tasks[0])
-            _skip_rest(step, str(exc))
-            raise
-        self.readers = _readers(out, err)  # introspection follows the first task's files
+            _skip_rest(step, str(opened))
+            raise opened
+        r_out, r_err = opened.readers[0], opened.readers[-1]
+        # introspection follows the first task's files
+        self.readers = {k: v for k, v in (("stdout", r_out), ("stderr", r_err))
+                        if v is not None}
+        if len(self.readers) < 2:
+            log.warning("the job's user may not read its output files: inspect --output and "
+                        "attach will say so")
         own_affinity = os.sched_getaffinity(0)
         try:
             for task in step.tasks:
-                if per_task and task.rank > 0:
-                    _close(fds)
-                    fds = []
-                    try:
-                        fds, out, err = _open_task_outputs(spec, task.rank)
-                    except LaunchFailed as exc:
-                        task.record_launch_failure(str(exc))
-                if not task.done:
-                    self._start(spec, task, out, err)
+                # each task's files (its own with %t, else everyone's the same)
+                out = opened.outputs[outpattern.for_task(spec["output"], task.rank)]
+                err = opened.outputs[outpattern.for_task(spec["error"], task.rank)]
+                self._start(spec, task, out, err, opened.workdir)
                 step.note_exit(task)
                 if task.done:  # could not exec: the step fails, the others are not started
                     _skip_rest(step, task.reason or "launch failed")
                     raise LaunchFailed(task.reason or "launch failed")
         finally:
             os.sched_setaffinity(0, own_affinity)
-            _close(fds)
+            opened.close()
 
-    def _start(self, spec: dict[str, Any], task: Task, out: int, err: int) -> None:
+    def _start(self, spec: dict[str, Any], task: Task, out: int, err: int, wd: int) -> None:
         cpus = spec["affinity"][task.rank]
         if cpus:
             try:
@@ -249,6 +331,9 @@ class Launcher:
         if _runs_as_other_user(spec):
             who = {"user": spec["uid"], "group": spec["gid"], "extra_groups": spec["groups"]}
             env.update(HOME=spec["home"], USER=spec["user"], LOGNAME=spec["user"])
+        # The directory the opener entered as the user, by its fd: a link swapped in at the
+        # path since then changes nothing (the child's chdir runs before it drops to the user).
+        cwd = f"/proc/self/fd/{wd}"
         try:
             proc = subprocess.Popen(
                 spec["command"],
@@ -256,7 +341,8 @@ class Launcher:
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=err,
-                cwd=spec["workdir"],
+                cwd=cwd,
+                umask=int(spec.get("umask", 0o022)),
                 env=env,
                 process_group=0,
                 close_fds=True,
@@ -264,7 +350,7 @@ class Launcher:
                 restore_signals=True,
             )
         except OSError as exc:
-            task.record_launch_failure(_exec_reason(exc, spec))
+            task.record_launch_failure(_exec_reason(exc, spec, cwd))
             log.warning("task %d: %s", task.rank, task.reason)
             try:  # where the user looks first; `show` has it too
                 os.write(err, f"tether: task {task.rank}: {task.reason}\n".encode())

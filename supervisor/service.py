@@ -31,21 +31,24 @@ import os
 import shutil
 import signal
 import socket
+import stat
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import zmq
 
 import tether
 from tether.shared import protocol, records, wire
+from tether.shared.door import Conn, Door, answer, listen_socket
 from tether.shared.errors import LaunchError, StateError, TetherError
+from tether.shared.parking import Lot, Parked
 from tether.shared.paths import RunDir
 from tether.shared.procid import ProcId, all_processes
 from tether.shared.timers import Timer, Timers, rfc3339_now
 from tether.supervisor import handlers, handover, introspect
-from tether.supervisor.launch import Launcher, LaunchFailed
+from tether.supervisor.launch import Launcher, LaunchFailed, Opened, Opener, output_paths
 from tether.supervisor.pmi import Abort, Broken, Finalized, Output, PmiServer, ProtocolError, Send
 from tether.supervisor.pmi_io import PmiChannels, clean_env
 from tether.supervisor.step import Phase, Step, bounded, signal_name
@@ -54,6 +57,8 @@ log = logging.getLogger("tether.supervisor")
 
 #: How long to wait for killed leftovers to be reaped before writing the record anyway.
 DRAIN_TIMEOUT = 10.0
+#: How long the opener (the job's user's files) may take before the launch fails.
+OPEN_TIMEOUT = 5.0
 #: How long the final reply (to ack) may take to leave before the socket is dropped.
 CLOSE_LINGER_MS = 1000
 #: seconds between attempts to write an exit record that could not be written (a full disk)
@@ -70,25 +75,15 @@ IGNORED_SIGNALS = (signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 
 
 
-@dataclass(eq=False)
-class Follower:
-    """A parked ``output`` follow request."""
+Peer = handlers.Peer
 
-    peer: wire.Peer
-    rid: protocol.RequestId
+
+@dataclass(frozen=True)
+class Follow:
+    """What a parked ``output`` follow request wants."""
+
     streams: tuple[str, ...]
     offsets: dict[str, int]
-    timer: Timer | None = field(default=None)
-
-
-@dataclass(eq=False)
-class EventWaiter:
-    """A parked ``events`` request."""
-
-    peer: wire.Peer
-    rid: protocol.RequestId
-    after: int
-    timer: Timer | None = field(default=None)
 
 
 class Supervisor:
@@ -121,7 +116,14 @@ class Supervisor:
         self.timers = Timers()
         self.ident = ProcId.of(os.getpid())
         self.session = os.getsid(0)
-        self.waiters: list[tuple[wire.Peer, protocol.RequestId, Timer]] = []
+        #: parked ``wait`` (the agent), ``output`` follows and ``events`` (value: ``after``)
+        self.waiters: Lot[None, None] = Lot(self.timers)
+        #: ``claim`` requests waiting for the opener and the launch
+        self.claims: Lot[None, None] = Lot(self.timers)
+        self.opener: Opener | None = None
+        self.opener_timer: Timer | None = None
+        self.followers: Lot[None, Follow] = Lot(self.timers)
+        self.event_waiters: Lot[None, int] = Lot(self.timers)
         self.record: dict[str, Any] | None = None
         self.running = True
         self.remove_rundir = False
@@ -131,11 +133,10 @@ class Supervisor:
         self.drain_timer: Timer | None = None
         self.claim_timer: Timer | None = None
         self.router: zmq.Socket[Any] | None = None
-        self.followers: list[Follower] = []
-        self.event_waiters: list[EventWaiter] = []
+        self.door: Door | None = None
         self.follow_timer: Timer | None = None
-        #: (routing id, verb) -> when a follower was last answered without ``ended``
-        self.streams: dict[tuple[bytes, str], float] = {}
+        #: (peer key, verb) -> when a follower was last answered without ``ended``
+        self.streams: dict[tuple[Any, str], float] = {}
         #: the output files' sizes when the step ended: what ``ended`` means for followers
         self.final_sizes: dict[str, int] | None = None
         #: rank -> CLOCK_BOOTTIME seconds when the task was reaped (for ``stats``' elapsed)
@@ -145,6 +146,9 @@ class Supervisor:
         self.generation = 0
         #: the listening socket the ROUTER is bound on; kept across exec (handover.py)
         self.listen_fd = -1
+        #: the door's listening socket; kept across exec too. -1 after resuming from an image
+        #: of before the doors (handover format 1): that one keeps its ROUTER on ``sock``
+        self.door_fd = -1
         self.upgrade_requested = False
         #: the release this process ran before its last re-exec, if any
         self.upgraded_from: str | None = None
@@ -165,13 +169,19 @@ class Supervisor:
         # only now: a re-executed supervisor arrives with these blocked (handover.py)
         signal.pthread_sigmask(signal.SIG_SETMASK, [])
         ctx: zmq.Context[Any] = zmq.Context()
+        # ZeroMQ for the agent only, inside ctl/ (0700): no other user can even connect to it.
+        # People come through the door, where every request is authorized per verb. Both
+        # listening sockets are kept across an upgrade's exec (handover.py).
         if self.listen_fd < 0:
-            old_umask = os.umask(0)  # every request is authorized per verb; see handlers.py
+            private_dir(self.rd.ctl)
+            old_umask = os.umask(0o077)
             try:
-                self.listen_fd = handover.listen(self.rd.sock)
+                self.listen_fd = handover.listen(self.rd.ctl_sock)
             finally:
                 os.umask(old_umask)
-        self.router = handover.bind_router(ctx, self.rd.sock, self.listen_fd)
+            self.door_fd = listen_socket(self.rd.sock)
+        self.router = handover.bind_router(ctx, self.router_path(), self.listen_fd)
+        self.door = self.open_door()
         # The agent may connect now: its hello is queued by ZeroMQ while the manifest's fsyncs
         # run, and answered after them (the manifest's "ready" is not something it waits for).
         self.signal_ready()
@@ -189,6 +199,8 @@ class Supervisor:
         poller = self.poller
         poller.register(self.router, zmq.POLLIN)
         poller.register(wake_r, zmq.POLLIN)
+        if self.door is not None:
+            poller.register(self.door.fileno(), zmq.POLLIN)
         status = 0
         try:
             while self.running:
@@ -198,6 +210,10 @@ class Supervisor:
                         self.on_signals(wake_r)
                     if self.router in events:
                         self.serve()
+                    if self.door is not None and self.door.fileno() in events:
+                        self.door.service()
+                    if self.opener is not None and self.opener.sock.fileno() in events:
+                        self.opener_ready()
                     if self.upgrade_requested:
                         self.upgrade_requested = False
                         ctx = self.reexec(ctx)  # returns only if exec failed
@@ -215,15 +231,19 @@ class Supervisor:
                     status = 3
                     break
         finally:
+            if self.door is not None:
+                self.door.close()
             self.router.close(linger=CLOSE_LINGER_MS)
             ctx.term()
             os.close(self.listen_fd)
+            if self.door_fd >= 0:
+                os.close(self.door_fd)
             if self.channels is not None:
                 self.channels.close_all()
             if self.remove_rundir:
                 shutil.rmtree(self.rd.path, ignore_errors=True)
             else:
-                _unlink(self.rd.sock)
+                _unlink(self.rd.ctl_sock)
         log.info("supervisor exits")
         return status
 
@@ -245,26 +265,29 @@ class Supervisor:
         self.ready_fd = -1
 
     def serve(self) -> None:
+        """The agent's requests, on the ZeroMQ ROUTER in ctl/."""
         assert self.router is not None
         while (msg := wire.receive(self.router)) is not None:
-            peer, req = msg
-            try:
-                result = handlers.dispatch(self, peer, req)
-            except TetherError as exc:
-                if exc.code == "permission_denied":
-                    log.warning("refused %r from %s: %s", req.kind, peer, exc.message)
-                self.reply(peer, protocol.error(req.id, exc))
-                continue
-            except Exception:  # a bug must not take the step down with it
-                log.exception("handler for %r failed", req.kind)
-                self.reply(peer, protocol.error(req.id, TetherError("internal error")))
-                continue
-            if result is not handlers.PENDING:
-                self.reply(peer, protocol.ok(req.id, result))
+            self.handle(*msg)
 
-    def reply(self, peer: wire.Peer, reply: protocol.Reply) -> None:
-        assert self.router is not None
-        wire.send(self.router, peer, reply)
+    def on_door_request(self, conn: Conn, req: protocol.Request) -> None:
+        self.handle(conn, req)
+
+    def on_door_close(self, conn: Conn) -> None:
+        for lot in (self.waiters, self.followers, self.event_waiters, self.claims):
+            lot.drop_peer(conn.key)
+
+    def handle(self, peer: Peer, req: protocol.Request) -> None:
+        """One request from either transport: the same verbs, the same authorization."""
+        answer(lambda: handlers.dispatch(self, peer, req), req, peer,
+               lambda r: self.reply(peer, r), log, handlers.PENDING, self.door)
+
+    def reply(self, peer: Peer, reply: protocol.Reply) -> None:
+        if isinstance(peer, Conn):
+            if self.door is not None:
+                self.door.send(peer, reply)
+        elif self.router is not None:
+            wire.send(self.router, peer, reply)
 
     def on_signals(self, wake_r: socket.socket) -> None:
         got: set[int] = set()
@@ -299,6 +322,7 @@ class Supervisor:
         self.task_end_boottime = state["task_end_boottime"]
         self.launcher.readers = dict(state["readers"])
         self.listen_fd = int(state["listen_fd"])
+        self.door_fd = int(state.get("door_fd", -1))
         for fd in handover.kept_fds(state, self.lock_fd):
             os.set_inheritable(fd, False)  # a task started later must not inherit any
         if state["pmi"] is not None:
@@ -332,19 +356,32 @@ class Supervisor:
         self.upgrade_requested = True
         return target
 
+    def router_path(self) -> str:
+        """Where the ROUTER listens: ``ctl/sock``; for an image resumed from before the doors,
+        ``sock``, where that one bound it (its listening socket came across the exec)."""
+        return self.rd.ctl_sock if self.door_fd >= 0 else self.rd.sock
+
+    def open_door(self) -> Door | None:
+        if self.door_fd < 0:
+            return None
+        return Door(self.rd.sock, self.timers, self.on_door_request, name="supervisor door",
+                    log=log, on_close=self.on_door_close, listen_fd=self.door_fd,
+                    privileged=frozenset({0, os.getuid(), int(self.spec["agent_uid"])}))
+
     def reexec(self, ctx: zmq.Context[Any]) -> zmq.Context[Any]:
         """Answer everything parked, hand the state over and exec. Returns only on failure."""
         assert self.router is not None
-        for peer, rid, timer in self.waiters:
-            timer.cancel()
-            self.reply(peer, protocol.ok(rid, {"done": False, "upgrading": True}))
-        self.waiters.clear()
-        for f in self.followers:
+        for p in self.waiters.take(None):
+            self.reply(p.peer, protocol.ok(p.rid, {"done": False, "upgrading": True}))
+        for f in self.followers.take(None):
             self.answer_follower(f, upgrading=True)
-        self.followers.clear()
-        for w in self.event_waiters:
+        for w in self.event_waiters.take(None):
             self.answer_event_waiter(w, upgrading=True)
-        self.event_waiters.clear()
+        if self.opener is not None:  # a launch still opening files: the agent claims again
+            self.opener.kill()
+            self.drop_opener()
+        for p in self.claims.take(None):
+            self.reply(p.peer, protocol.error(p.rid, LaunchError("upgrading; claim again")))
         state = handover.capture(self)
         state_fd = handover.write_state(state)
         keep = handover.kept_fds(state, self.lock_fd)
@@ -353,6 +390,10 @@ class Supervisor:
         self.poller.unregister(self.router)
         self.router.close(linger=CLOSE_LINGER_MS)  # the replies above leave first
         ctx.term()
+        if self.door is not None:  # its listening socket stays open (door_fd) for the next image
+            self.poller.unregister(self.door.fileno())
+            self.door.close(unlink=False)
+            self.door = None
         for fd in keep:
             os.set_inheritable(fd, True)
         log.info("re-executing into the installed tether (generation %d)", self.generation + 1)
@@ -364,28 +405,85 @@ class Supervisor:
             os.set_inheritable(fd, False)
         os.close(state_fd)
         ctx = zmq.Context()
-        self.router = handover.bind_router(ctx, self.rd.sock, self.listen_fd)
+        self.router = handover.bind_router(ctx, self.router_path(), self.listen_fd)
         self.poller.register(self.router, zmq.POLLIN)
+        self.door = self.open_door()
+        if self.door is not None:
+            self.poller.register(self.door.fileno(), zmq.POLLIN)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, blocked)
         return ctx
 
     # ---- launch ----------------------------------------------------------------------------
 
-    def claim(self) -> None:
-        """Start the tasks (phase ready -> running). Called once, by the first valid claim.
+    def claim(self, peer: Peer, rid: protocol.RequestId) -> None:
+        """The first valid claim starts the opener; every claim is answered once the tasks
+        have started (or the launch failed). The step stays ``ready`` meanwhile, so an abort
+        still wins, and the claim deadline no longer runs."""
+        self.claims.park(None, peer, rid, OPEN_TIMEOUT + 5.0, None, lambda p: self.reply(
+            p.peer, protocol.error(p.rid, LaunchError("the launch is still opening files"))))
+        if self.opener is not None:
+            return
+        if self.claim_timer:
+            self.claim_timer.cancel()
+        try:
+            self.opener = Opener(self.spec, output_paths(self.spec))
+        except OSError as exc:
+            self.opened(LaunchFailed(f"cannot start the output opener: {exc}"))
+            return
+        self.poller.register(self.opener.sock, zmq.POLLIN)
+        self.opener_timer = self.timers.at(time.monotonic() + OPEN_TIMEOUT, self.opener_late)
+
+    def opener_ready(self) -> None:
+        assert self.opener is not None
+        try:
+            got: Opened | LaunchFailed = self.opener.result()
+        except LaunchFailed as exc:
+            got = exc
+        self.opened(got)
+
+    def opener_late(self) -> None:
+        if self.opener is not None:
+            self.opener.kill()
+            self.opened(LaunchFailed(f"the output files could not be opened as "
+                                     f"{self.spec.get('user')} within {OPEN_TIMEOUT:g}s"))
+
+    def drop_opener(self) -> None:
+        if self.opener is not None:
+            with contextlib.suppress(KeyError):
+                self.poller.unregister(self.opener.sock)
+            self.opener.close()
+            self.opener = None
+        if self.opener_timer is not None:
+            self.opener_timer.cancel()
+            self.opener_timer = None
+
+    def opened(self, got: Opened | LaunchFailed) -> None:
+        """Launch on what the opener handed back: phase ready -> running.
 
         The manifest says ``launching`` durably *before* the first fork: if this process dies
         while forking, the agent must find "tasks may be running" (lost, leftovers killed), never
         "never ran" (requeued, and run a second time beside the first).
         """
+        self.drop_opener()
+        if self.step.phase is not Phase.READY:  # aborted meanwhile: nothing starts
+            if isinstance(got, Opened):
+                got.close()
+                for r in got.readers:
+                    if r is not None:
+                        os.close(r)
+            self.answer_claims()
+            return
         if not self.write_manifest(launching=True):
-            raise LaunchError(f"cannot record the launch in {self.rd.manifest}; not starting")
-        if self.claim_timer:
-            self.claim_timer.cancel()
+            if isinstance(got, Opened):
+                got.close()
+            err = LaunchError(f"cannot record the launch in {self.rd.manifest}; not starting")
+            for p in self.claims.take(None):
+                self.reply(p.peer, protocol.error(p.rid, err))
+            return
         self.step.advance(Phase.RUNNING)
         self.step.started_at = rfc3339_now()
         try:
-            self.launcher.launch(self.spec, self.step)
+            self.launcher.launch(self.spec, self.step, got)
         except LaunchFailed as exc:
             log.warning("launch failed: %s", exc)
             for task in self.step.tasks:
@@ -403,7 +501,17 @@ class Supervisor:
         self.write_manifest()
         log.info("launched %d task(s): pids %s", self.step.ntasks,
                  [t.pid for t in self.step.tasks])
+        self.answer_claims()
         self.reap()  # a launch failure may already have finished the step
+
+    def answer_claims(self) -> None:
+        for p in self.claims.take(None):
+            if self.step.phase is Phase.ABORTED:
+                self.reply(p.peer, protocol.error(p.rid, StateError(
+                    f"step {self.rd.job}.{self.rd.attempt} was aborted before launch: "
+                    f"{self.step.abort_reason}")))
+            else:
+                self.reply(p.peer, protocol.ok(p.rid, handlers.claim_result(self)))
 
     def fail_launch(self, reason: str) -> None:
         """The tasks already started are killed, the rest never start, and the first of those
@@ -445,6 +553,10 @@ class Supervisor:
         else:
             self.record = self.build_record()
             self.remove_rundir = True
+        if self.opener is not None:
+            self.opener.kill()
+            self.drop_opener()
+        self.answer_claims()
         self.release_waiters()
         self.running = False
 
@@ -736,9 +848,9 @@ class Supervisor:
 
     # ---- followers (output and events long polls) ---------------------------------------------
 
-    def note_stream(self, peer: wire.Peer, verb: str, ended: bool) -> None:
+    def note_stream(self, peer: Peer, verb: str, ended: bool) -> None:
         """A follower was answered: it is still reading unless it was told ``ended``."""
-        key = (peer.routing_id, verb)
+        key = (peer.key, verb)
         if ended:
             self.streams.pop(key, None)
         else:
@@ -756,32 +868,26 @@ class Supervisor:
     def streams_active(self) -> bool:
         """Is a follower parked, or was one answered without ``ended`` just now?"""
         self.prune_streams()
-        return bool(self.followers or self.event_waiters or self.streams)
+        return bool(len(self.followers) or len(self.event_waiters) or self.streams)
 
-    def add_follower(self, peer: wire.Peer, rid: protocol.RequestId, streams: tuple[str, ...],
+    def add_follower(self, peer: Peer, rid: protocol.RequestId, streams: tuple[str, ...],
                      offsets: dict[str, int], hold: float) -> None:
-        f = Follower(peer, rid, streams, offsets)
-
-        def expire() -> None:
-            if f in self.followers:
-                self.followers.remove(f)
-                self.answer_follower(f)
-        f.timer = self.timers.at(time.monotonic() + min(hold, MAX_HOLD), expire)
-        self.followers.append(f)
+        self.followers.park(None, peer, rid, min(hold, MAX_HOLD), Follow(streams, offsets),
+                            self.answer_follower)
         if self.follow_timer is None:
             self.follow_timer = self.timers.at(time.monotonic() + FOLLOW_POLL, self.follow_tick)
 
     def follow_tick(self) -> None:
         self.follow_timer = None
         self.wake_followers()
-        if self.followers:
+        if len(self.followers):
             self.follow_timer = self.timers.at(time.monotonic() + FOLLOW_POLL, self.follow_tick)
 
-    def answer_follower(self, f: Follower, *, force: bool = True,
+    def answer_follower(self, f: Parked[Follow], *, force: bool = True,
                         upgrading: bool = False) -> bool:
         """Answer ``f`` if it has news (or ``force``); True if it was answered."""
         try:
-            res = handlers.follow_result(self, f.streams, f.offsets)
+            res = handlers.follow_result(self, f.value.streams, f.value.offsets)
         except TetherError as exc:  # e.g. the file shrank below the offset
             reply = protocol.error(f.rid, exc)
         else:
@@ -791,64 +897,56 @@ class Supervisor:
                 res["upgrading"] = True
             self.note_stream(f.peer, "output", bool(res["ended"]))
             reply = protocol.ok(f.rid, res)
-        if f.timer is not None:
-            f.timer.cancel()
         self.reply(f.peer, reply)
         return True
 
     def wake_followers(self, *, force: bool = False) -> None:
         """Answer the parked followers that have news (all of them with ``force``)."""
-        self.followers = [f for f in self.followers if not self.answer_follower(f, force=force)]
-        if not self.followers and self.follow_timer is not None:
+        self.followers.take_if(None, lambda f: self.answer_follower(f, force=force))
+        if not len(self.followers) and self.follow_timer is not None:
             self.follow_timer.cancel()
             self.follow_timer = None
 
-    def add_event_waiter(self, peer: wire.Peer, rid: protocol.RequestId, after: int,
+    def add_event_waiter(self, peer: Peer, rid: protocol.RequestId, after: int,
                          hold: float) -> None:
-        w = EventWaiter(peer, rid, after)
+        self.event_waiters.park(None, peer, rid, min(hold, MAX_HOLD), after,
+                                self.answer_event_waiter)
 
-        def expire() -> None:
-            if w in self.event_waiters:
-                self.event_waiters.remove(w)
-                self.answer_event_waiter(w)
-        w.timer = self.timers.at(time.monotonic() + min(hold, MAX_HOLD), expire)
-        self.event_waiters.append(w)
-
-    def answer_event_waiter(self, w: EventWaiter, *, upgrading: bool = False) -> None:
-        if w.timer is not None:
-            w.timer.cancel()
-        res = handlers.events_result(self, w.after)
+    def answer_event_waiter(self, w: Parked[int], *, force: bool = True,
+                            upgrading: bool = False) -> bool:
+        res = handlers.events_result(self, w.value)
+        if not (force or res["events"] or res["ended"]):
+            return False
         if upgrading:
             res["upgrading"] = True
         self.note_stream(w.peer, "events", bool(res["ended"]))
         self.reply(w.peer, protocol.ok(w.rid, res))
+        return True
 
     def wake_event_waiters(self, *, force: bool = False) -> None:
-        keep = []
-        for w in self.event_waiters:
-            res = handlers.events_result(self, w.after)
-            if force or res["events"] or res["ended"]:
-                self.answer_event_waiter(w)
-            else:
-                keep.append(w)
-        self.event_waiters = keep
+        self.event_waiters.take_if(None, lambda w: self.answer_event_waiter(w, force=force))
 
     def release_waiters(self) -> None:
         self.step_over()
-        for peer, rid, timer in self.waiters:
-            timer.cancel()
-            self.reply(peer, protocol.ok(rid, {"done": True, "record": self.record}))
-        self.waiters.clear()
+        for p in self.waiters.take(None):
+            self.reply(p.peer, protocol.ok(p.rid, {"done": True, "record": self.record}))
 
-    def add_waiter(self, peer: wire.Peer, rid: protocol.RequestId, hold: float) -> None:
-        def expire() -> None:
-            for i, (p, r, _) in enumerate(self.waiters):
-                if p == peer and r == rid:
-                    del self.waiters[i]
-                    self.reply(peer, protocol.ok(rid, {"done": False}))
-                    return
-        timer = self.timers.at(time.monotonic() + min(hold, MAX_HOLD), expire)
-        self.waiters.append((peer, rid, timer))
+    def add_waiter(self, peer: Peer, rid: protocol.RequestId, hold: float) -> None:
+        self.waiters.park(None, peer, rid, min(hold, MAX_HOLD), None,
+                          lambda p: self.reply(p.peer, protocol.ok(p.rid, {"done": False})))
+
+
+def private_dir(path: str) -> None:
+    """``path`` as a directory only this uid may enter: made if missing, refused if it is a
+    link, someone else's, or open to others (its socket would be reachable)."""
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        raise OSError(f"{path} is not a private directory of uid {os.getuid()} "
+                      f"(mode {stat.filemode(st.st_mode)}, owner {st.st_uid})")
 
 
 def reset_signal_dispositions(*, unblock: bool = True) -> None:

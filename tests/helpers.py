@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from tether.shared import records
+from tether.shared import framing, protocol, records
 from tether.shared.paths import Layout, RunDir
 from tether.shared.procid import ProcId, all_processes, proc_stat
 
@@ -88,6 +88,36 @@ def foreign_python() -> tuple[list[str], dict[str, str]]:
             os.chmod(os.path.join(dirpath, f), 0o755)
     _FOREIGN = (["/usr/bin/python3"], {"PYTHONPATH": copy})
     return _FOREIGN
+
+
+class RawDoor:
+    """A bare door connection: sends exactly the bytes given, reads whole reply frames."""
+
+    def __init__(self, path: str, timeout: float = 5.0) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(timeout)
+        self.sock.connect(path)
+        self.deframer = framing.Deframer()
+
+    def send_raw(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def send(self, payload: bytes) -> None:
+        self.sock.sendall(framing.HEADER.pack(len(payload)) + payload)
+
+    def reply(self, what: str = "a request") -> protocol.Reply:
+        while (payload := self.deframer.next()) is None:
+            try:
+                data = self.sock.recv(1 << 16)
+            except TimeoutError:
+                raise AssertionError(f"no reply to {what} in time") from None
+            if not data:
+                raise AssertionError(f"connection closed before the reply to {what}")
+            self.deframer.feed(data)
+        return protocol.decode_reply(payload)
+
+    def close(self) -> None:
+        self.sock.close()
 
 
 def pid_alive(pid: int) -> bool:

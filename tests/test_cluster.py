@@ -169,6 +169,7 @@ def test_init_is_idempotent_and_bad_input_is_one_line(cluster: Cluster,
         ([*CLI, "submit", "--no-requeue", "--", "true"], 2, "--no-requeue"),
         ([*CLI, "--cluster", cluster.dsn, "show", "99"], 1, "no job 99"),
         ([*CLI, "--cluster", cluster.dsn, "drain", "ghost"], 1, "no node 'ghost'"),
+        ([*CLI, "--cluster", cluster.dsn, "top"], 2, "not available for a cluster"),
     ]
     queued = cluster.put("true")  # no agent: it stays queued
     cases.append(([*CLI, "--cluster", cluster.dsn, "inspect", str(queued)], 1, "on no node"))

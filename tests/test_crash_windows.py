@@ -161,8 +161,8 @@ def test_a_planted_socket_is_refused_and_the_real_supervisor_kept(node: Node) ->
     node.wait_state(beside, ("running",))
     rd = node.layout.run_dir(job, 1)
     node.stop(signal.SIGKILL)
-    os.rename(rd.sock, rd.sock + ".real")
-    impostor = subprocess.Popen([sys.executable, "-c", IMPOSTOR, rd.sock],
+    os.rename(rd.ctl_sock, rd.ctl_sock + ".real")
+    impostor = subprocess.Popen([sys.executable, "-c", IMPOSTOR, rd.ctl_sock],
                                 stdout=subprocess.PIPE)
     try:
         assert impostor.stdout is not None and impostor.stdout.readline() == b"bound\n"
@@ -178,7 +178,7 @@ def test_a_planted_socket_is_refused_and_the_real_supervisor_kept(node: Node) ->
         impostor.wait()
         assert impostor.stdout is not None
         impostor.stdout.close()
-    os.replace(rd.sock + ".real", rd.sock)
+    os.replace(rd.ctl_sock + ".real", rd.ctl_sock)
     j = node.wait_end(job, timeout=60)
     assert (j["state"], j["exit_code"]) == ("failed", 4)
 

@@ -1,8 +1,9 @@
-"""Malformed frames sent with a raw DEALER to a supervisor and to the agent.
+"""Malformed frames sent on a raw connection to a supervisor's door and to the agent's.
 
 Each frame the server can still answer gets one error reply (ok=False, with a code) and changes
-nothing; an oversized frame drops the sender's connection inside libzmq. Afterwards both servers
-still serve, and the job still completes normally.
+nothing; a frame declared over the limit is answered with an error, and that connection (whose
+stream cannot be resynchronised) is closed. Afterwards both servers still serve, and the job
+still completes normally.
 
 Not covered: a peer that is neither root nor the agent's uid being refused control verbs (that
 needs a second uid).
@@ -12,18 +13,13 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
 from typing import Any
 
 import msgpack
-import pytest
-import zmq
 
-from tests.helpers import Node
-from tether.shared import protocol
+from tests.helpers import Node, RawDoor
+from tether.shared import framing, protocol
 from tether.shared.client import Client
-
-REPLY_TIMEOUT_MS = 5000
 
 
 def pack(obj: Any) -> bytes:
@@ -60,47 +56,15 @@ COMMON: list[Case] = [
     ("no common version", [req(17, "hello", {"versions": [7, 8]})], "version", 17),
     ("unknown hello arg", [req("s18", "hello", {"versions": [1], "x": 1})], "bad_request",
      "s18"),
-    ("two payload frames", [req(19, "hello", {"versions": [1]}),
-                            req(20, "hello", {"versions": [1]})], "bad_request", 20),
-    ("three frames, garbage", [b"a", b"b", b"\xc1"], "bad_request", None),
+    ("one byte", [b"\xc1"], "bad_request", None),
 ]
 
 
-class Raw:
-    """A bare DEALER: sends exactly the frames given, returns the one decoded reply."""
-
-    def __init__(self, ctx: zmq.Context[Any], path: str) -> None:
-        self.sock = ctx.socket(zmq.DEALER)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.connect("ipc://" + path)
-
-    def send(self, frames: list[bytes]) -> None:
-        self.sock.send_multipart(frames)
-
-    def reply(self, what: str) -> protocol.Reply:
-        if not self.sock.poll(REPLY_TIMEOUT_MS, zmq.POLLIN):
-            raise AssertionError(f"no reply to {what} within {REPLY_TIMEOUT_MS} ms")
-        frames = self.sock.recv_multipart()
-        assert len(frames) == 1, f"reply to {what} has {len(frames)} frames"
-        return protocol.decode_reply(frames[0])
-
-    def close(self) -> None:
-        self.sock.close(linger=0)
-
-
-@pytest.fixture
-def ctx() -> Iterator[zmq.Context[Any]]:
-    c: zmq.Context[Any] = zmq.Context()
-    try:
-        yield c
-    finally:
-        c.term()
-
-
-def check_cases(raw: Raw, cases: list[Case]) -> None:
+def check_cases(raw: RawDoor, cases: list[Case]) -> None:
     problems = []
     for name, frames, code, rid in cases:
-        raw.send(frames)
+        for f in frames:
+            raw.send(f)
         reply = raw.reply(name)
         if reply.ok or reply.code != code or reply.id != rid or not reply.message:
             problems.append(f"{name}: got ok={reply.ok} code={reply.code!r} id={reply.id!r} "
@@ -108,22 +72,22 @@ def check_cases(raw: Raw, cases: list[Case]) -> None:
     assert not problems, "\n".join(problems)
 
 
-def send_oversized(ctx: zmq.Context[Any], path: str) -> Raw:
-    """Send a > MAX_FRAME request on a connection of its own (libzmq drops that connection)."""
-    raw = Raw(ctx, path)
-    raw.send([req(99, "status", {"pad": "x" * (protocol.MAX_FRAME + 1024)})])
+def send_oversized(path: str) -> RawDoor:
+    """Declare a frame over MAX_FRAME on a connection of its own."""
+    raw = RawDoor(path)
+    raw.send_raw(framing.HEADER.pack(protocol.MAX_FRAME + 1) + b"x" * 1024)
     return raw
 
 
-def no_success_on(raw: Raw) -> None:
-    """Whatever the oversized sender got (normally nothing at all), it is not a success."""
-    while raw.sock.poll(0, zmq.POLLIN):
-        reply = protocol.decode_reply(raw.sock.recv())
-        assert not reply.ok, reply
+def refused_and_closed(raw: RawDoor) -> None:
+    """The oversized sender gets one error (no success), then the door closes its connection."""
+    reply = raw.reply("the oversized frame")
+    assert not reply.ok and reply.code == "bad_request" and "exceeds" in reply.message, reply
+    assert raw.sock.recv(1) == b"", "the connection stayed open after an unreadable frame"
 
 
 def test_supervisor_answers_malformed_frames_and_keeps_serving(
-        node: Node, ctx: zmq.Context[Any]) -> None:
+        node: Node) -> None:
     node.start()
     job = node.submit("sh", "-c", "touch started; while [ ! -e go ]; do sleep 0.05; done; "
                                   "echo done")
@@ -145,18 +109,18 @@ def test_supervisor_answers_malformed_frames_and_keeps_serving(
          "state", 36),
         ("ack before the end", [req(37, "ack", target)], "state", 37),
     ]
-    raw = Raw(ctx, sock)
-    big = send_oversized(ctx, sock)
+    raw = RawDoor(sock)
+    big = send_oversized(sock)
     try:
         check_cases(raw, cases)
-        with Client(sock, timeout=5, ctx=ctx) as client:
+        with Client(sock, timeout=5) as client:
             st = client.call("state")
             assert (st["job"], st["phase"], st["state"]) == (job, "running", "running"), st
             assert len(st["pids"]) == 1
         # the same raw connection is still served after all of that
-        raw.send([req(40, "state", {})])
+        raw.send(req(40, "state", {}))
         assert raw.reply("state after the garbage").unwrap()["phase"] == "running"
-        no_success_on(big)
+        refused_and_closed(big)
     finally:
         raw.close()
         big.close()
@@ -169,7 +133,7 @@ def test_supervisor_answers_malformed_frames_and_keeps_serving(
 
 
 def test_agent_answers_malformed_frames_and_keeps_serving(
-        node: Node, ctx: zmq.Context[Any]) -> None:
+        node: Node) -> None:
     node.start()
     job = node.submit("true")
     assert node.wait_end(job)["state"] == "completed"
@@ -205,13 +169,13 @@ def test_agent_answers_malformed_frames_and_keeps_serving(
         ("cancel job 2^63", [req(66, "cancel", {"job": 1 << 63})], "bad_request", 66),
         ("list after 2^63", [req(67, "list", {"after": 1 << 63})], "bad_request", 67),
     ]
-    raw = Raw(ctx, node.layout.sock)
-    big = send_oversized(ctx, node.layout.sock)
+    raw = RawDoor(node.layout.sock)
+    big = send_oversized(node.layout.sock)
     try:
         check_cases(raw, cases)
-        raw.send([req(70, "status", {})])
+        raw.send(req(70, "status", {}))
         assert raw.reply("status after the garbage").unwrap()["cpus"]["allocated"] == 0
-        no_success_on(big)
+        refused_and_closed(big)
     finally:
         raw.close()
         big.close()

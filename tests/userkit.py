@@ -1,0 +1,89 @@
+"""Real local users for tests: created with unique names, removed in teardown, and the tether CLI
+and small scripts run as them (through an interpreter every user can reach)."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import secrets
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from tests.helpers import Node, foreign_python
+
+
+@dataclass(frozen=True)
+class User:
+    name: str
+    uid: int
+    gid: int
+    home: str
+
+
+@contextmanager
+def made_users(n: int) -> Iterator[list[User]]:
+    """``n`` fresh users (``tt`` + 6 hex characters), each with its own group; always removed."""
+    made: list[str] = []
+    try:
+        out = []
+        for _ in range(n):
+            name = "tt" + secrets.token_hex(3)
+            subprocess.run(["useradd", "--no-create-home", "--user-group", "--shell",
+                            "/usr/sbin/nologin", name], check=True, capture_output=True)
+            made.append(name)
+            pw = pwd.getpwnam(name)
+            out.append(User(name, pw.pw_uid, pw.pw_gid, pw.pw_dir))
+        yield out
+    finally:
+        for name in made:
+            subprocess.run(["userdel", name], capture_output=True)
+
+
+def run_as(user: User, argv: list[str], *, env: dict[str, str] | None = None,
+           cwd: str = "/", timeout: float = 60, umask: int = -1,
+           ) -> subprocess.CompletedProcess[str]:
+    python, penv = foreign_python()
+    full = dict(penv, PATH="/usr/bin:/bin", HOME=user.home, USER=user.name, LOGNAME=user.name,
+                **(env or {}))
+    return subprocess.run([*python, *argv], user=user.uid, group=user.gid, extra_groups=[],
+                          capture_output=True, text=True, cwd=cwd, env=full, timeout=timeout,
+                          umask=umask)
+
+
+def cli_as(user: User, node: Node, *args: str, env: dict[str, str] | None = None,
+           cwd: str = "/", timeout: float = 60,
+           umask: int = -1) -> subprocess.CompletedProcess[str]:
+    return run_as(user, ["-m", "tether.cli.main", *args],
+                  env=dict(env or {}, TETHER_STATE_DIR=node.state), cwd=cwd, timeout=timeout,
+                  umask=umask)
+
+
+def ok_as(user: User, node: Node, *args: str, **kw: object) -> str:
+    res = cli_as(user, node, *args, **kw)  # type: ignore[arg-type]
+    assert res.returncode == 0, f"tether {' '.join(args)} as {user.name}: rc={res.returncode} " \
+                                f"{res.stderr}\n{node.logs()}"
+    return res.stdout
+
+
+def shared(node: Node) -> None:
+    """Let every user reach the node's state dir (tests' temp dirs start 0700)."""
+    os.chmod(node.dir, 0o755)
+
+
+def home_for(node: Node, user: User, name: str | None = None, mode: int = 0o755) -> str:
+    """A directory of ``user``'s own under the node's temp dir."""
+    path = os.path.join(node.dir, name or user.name)
+    os.mkdir(path)
+    os.chown(path, user.uid, user.gid)
+    os.chmod(path, mode)
+    return path
+
+
+def rss_kb(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise AssertionError(f"no VmRSS for pid {pid}")
