@@ -793,7 +793,7 @@ class Agent:
                                                 cancel=job.cancel_requested)
         self.reattaching.add(job.id)
         try:
-            self.ledger.restore(job.allocation)
+            self.ledger.adopt(job.allocation)
         except Conflict as exc:
             log.error("job %d: its allocation conflicts with this node's (%s); NOT adopting "
                       "it: marked lost, its supervisor (pid %s) is left alone", job.id, exc,

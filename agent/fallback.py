@@ -30,6 +30,9 @@ from tether.shared.procid import ProcId, all_processes, boot_id, proc_stat
 
 log = logging.getLogger("tether.agent")
 
+#: sweeps of /proc when killing a lost step (each catches what forked during the last)
+KILL_PASSES = 5
+
 
 def lock_is_free(rd: RunDir) -> bool:
     """True when no process holds the run directory's lock (its supervisor is gone)."""
@@ -126,8 +129,8 @@ def step_processes(job: Job | None) -> set[int]:
     """Live processes of a step whose supervisor is gone, found from the database alone.
 
     Every task starts in the supervisor's session, after the supervisor: a process in the
-    recorded session (or in a recorded task's process group) that started no earlier than the
-    supervisor, in the same boot, belongs to the step. Nothing is found when the session id has
+    recorded session that started no earlier than the supervisor, in the same boot, belongs to
+    the step (every task's process group with it). Nothing is found when the session id has
     been handed to a newer process, or when the database lacks the identity (a supervisor that
     never answered hello launched nothing).
     """
@@ -139,13 +142,12 @@ def step_processes(job: Job | None) -> set[int]:
         leader = proc_stat(session)
         if leader is not None and leader.start_ticks > t0:
             session = None  # reused: that session is someone else's now
-    groups = set(job.pids)
+    if session is None:
+        return set()  # a process group alone could be a reused pid's (tests/test_pid_reuse.py)
     found = set()
     for st in all_processes():
-        if st.dead or st.start_ticks < t0:
-            continue
-        if (session is not None and st.session == session) or st.pgrp in groups:
-            found.add(st.pid)
+        if not st.dead and st.start_ticks >= t0 and st.session == session:
+            found.add(st.pid)  # task leaders' groups included: they are in the session
     found.discard(os.getpid())
     return found
 
@@ -153,24 +155,33 @@ def step_processes(job: Job | None) -> set[int]:
 def kill_leftovers(rd: RunDir, job: Job | None) -> int:
     """Effect ``Kill``: SIGKILL what is left of a lost step, through its manifest (if it is
     usable and names the supervisor the agent recorded) and through the database's identity."""
-    victims = step_processes(job)
     try:
         manifest, _ = _load(rd.manifest, records.read_manifest, rd)
     except Exception:  # whatever the file holds, the database's identity still leads us
         log.exception("job %d: reading %s", rd.job, rd.manifest)
         manifest = None
-    if manifest is not None and (job is None or _foreign(manifest, job) is None):
-        victims |= manifest_processes(manifest)
-    victims.discard(os.getpid())
-    for pid in victims:
-        try:
-            os.kill(pid, signal.SIGKILL)
-            log.warning("job %d: killed leftover process %d of a lost step", rd.job, pid)
-        except ProcessLookupError:
-            pass
-        except OSError as exc:  # e.g. a setuid task while the agent is not root
-            log.error("cannot kill leftover process %d of a lost step: %s", pid, exc)
-    return len(victims)
+    if manifest is not None and job is not None and _foreign(manifest, job) is not None:
+        manifest = None
+    killed: set[int] = set()
+    # A process forking while the first pass reads /proc is missed by it: pass again until a
+    # pass finds nothing new (bounded).
+    for _ in range(KILL_PASSES):
+        victims = step_processes(job)
+        if manifest is not None:
+            victims |= manifest_processes(manifest)
+        victims -= killed | {os.getpid()}
+        if not victims:
+            break
+        for pid in victims:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                log.warning("job %d: killed leftover process %d of a lost step", rd.job, pid)
+            except ProcessLookupError:
+                pass
+            except OSError as exc:  # e.g. a setuid task while the agent is not root
+                log.error("cannot kill leftover process %d of a lost step: %s", pid, exc)
+        killed |= victims
+    return len(killed)
 
 
 def manifest_processes(manifest: dict[str, Any]) -> set[int]:

@@ -8,6 +8,7 @@ use, for affinity.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 
 class Conflict(Exception):
@@ -38,6 +39,9 @@ class Ledger:
         self.free_cpus = set(self.cpu_ids)
         self.free_gpus = set(self.gpu_ids)
         self.free_memory = memory_mb
+        #: ids running steps hold that this node no longer has (see ``adopt``)
+        self.beyond_cpus: set[int] = set()
+        self.beyond_gpus: set[int] = set()
 
     def never_fits(self, req: Request) -> str | None:
         """Why ``req`` could not run even on an empty node, or None."""
@@ -74,7 +78,30 @@ class Ledger:
         self.free_gpus -= set(alloc.gpus)
         self.free_memory -= alloc.memory_mb
 
+    def adopt(self, alloc: Allocation) -> None:
+        """At reattach: take a running step's exact ids back, all or nothing.
+
+        Ids beyond this node (it was restarted smaller: fewer ``--cpus``, ``--gpus`` or less
+        memory) stay the step's: they are counted in ``beyond`` until it ends, and memory may
+        go below zero free, so no new work is given what a running step still uses. Only an id
+        that another running step already holds is a Conflict.
+        """
+        cpus, gpus = set(alloc.cpus), set(alloc.gpus)
+        known_cpus, known_gpus = cpus & set(self.cpu_ids), gpus & set(self.gpu_ids)
+        taken = ((known_cpus - self.free_cpus) | (cpus - known_cpus) & self.beyond_cpus,
+                 (known_gpus - self.free_gpus) | (gpus - known_gpus) & self.beyond_gpus)
+        if taken[0] or taken[1]:
+            raise Conflict(f"CPUs {sorted(taken[0])} / GPUs {sorted(taken[1])} are held by "
+                           f"another running step")
+        self.free_cpus -= known_cpus
+        self.free_gpus -= known_gpus
+        self.beyond_cpus |= cpus - known_cpus
+        self.beyond_gpus |= gpus - known_gpus
+        self.free_memory -= alloc.memory_mb
+
     def release(self, alloc: Allocation) -> None:
+        self.beyond_cpus -= set(alloc.cpus)
+        self.beyond_gpus -= set(alloc.gpus)
         self.free_cpus |= set(alloc.cpus) & set(self.cpu_ids)
         self.free_gpus |= set(alloc.gpus) & set(self.gpu_ids)
         self.free_memory = min(self.memory_mb, self.free_memory + alloc.memory_mb)
@@ -84,7 +111,7 @@ class Ledger:
             return cpu
         return self.allowed[cpu % len(self.allowed)]
 
-    def usage(self) -> dict[str, dict[str, int]]:
+    def usage(self) -> dict[str, dict[str, Any]]:
         return {
             "cpus": {"total": len(self.cpu_ids),
                      "allocated": len(self.cpu_ids) - len(self.free_cpus)},
@@ -92,4 +119,7 @@ class Ledger:
                      "allocated": len(self.gpu_ids) - len(self.free_gpus)},
             "memory_mb": {"total": self.memory_mb,
                           "allocated": self.memory_mb - self.free_memory},
+            # held by running steps beyond what this node has now (restarted smaller)
+            "beyond_node": {"cpus": sorted(self.beyond_cpus), "gpus": sorted(self.beyond_gpus),
+                            "memory_mb": max(0, -self.free_memory)},
         }

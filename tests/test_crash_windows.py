@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -134,16 +135,22 @@ def test_running_job_whose_run_dir_vanished_is_lost_not_requeued(node: Node) -> 
 
 
 def test_allocation_conflict_at_restart_is_not_adopted(make_node: type[Node]) -> None:
+    """Only ids two running jobs claim are a conflict (a node restarted smaller keeps its
+    running steps: tests/test_exact_resources.py). Staged by editing the database."""
     node = make_node(cpus=4)
     node.start()
-    job = node.submit("sleep", "30", opts=("--cpus", "4"))
-    node.wait_state(job, ("running",))
+    first = node.submit("sleep", "30", opts=("--cpus", "2"))
+    second = node.submit("sleep", "30", opts=("--cpus", "2"))
+    node.wait_state(first, ("running",))
+    node.wait_state(second, ("running",))
     node.stop(signal.SIGTERM)
-    node.args[node.args.index("--cpus") + 1] = "2"  # the operator shrank the node
+    with sqlite3.connect(node.layout.db) as db:
+        db.execute("UPDATE jobs SET cpus = '[1, 2]' WHERE id = ?", (second,))
     node.start()
-    j = node.job(job)
+    assert node.job(first)["state"] == "running"
+    j = node.job(second)
     assert j["state"] == "lost" and "not adopted" in j["reason"]
-    assert node.status()["cpus"] == {"total": 2, "allocated": 0}
+    assert node.status()["cpus"] == {"total": 4, "allocated": 2}
 
 
 def test_a_planted_socket_is_refused_and_the_real_supervisor_kept(node: Node) -> None:

@@ -355,7 +355,8 @@ def test_ledger_allocates_lowest_free_ids() -> None:
     assert a == Allocation((0, 1), (0,), 300)
     b = led.allocate(Need(1, 1, 300))
     assert b == Allocation((2,), (1,), 300)
-    assert led.usage() == {"cpus": {"total": 4, "allocated": 3},
+    assert led.usage() == {"beyond_node": {"cpus": [], "gpus": [], "memory_mb": 0},
+                           "cpus": {"total": 4, "allocated": 3},
                            "gpus": {"total": 2, "allocated": 2},
                            "memory_mb": {"total": 1000, "allocated": 600}}
     led.release(a)
@@ -411,7 +412,8 @@ def test_ledger_release_is_bounded_by_the_node() -> None:
     led.release(a)
     led.release(a)  # a double release neither invents ids nor memory
     led.release(Allocation((7,), (3,), 500))
-    assert led.usage() == {"cpus": {"total": 2, "allocated": 0},
+    assert led.usage() == {"beyond_node": {"cpus": [], "gpus": [], "memory_mb": 0},
+                           "cpus": {"total": 2, "allocated": 0},
                            "gpus": {"total": 1, "allocated": 0},
                            "memory_mb": {"total": 100, "allocated": 0}}
 

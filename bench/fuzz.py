@@ -1,0 +1,210 @@
+"""Fuzz: malformed frames at the agent's socket and a running step's supervisor; none may die.
+
+    python -m bench.fuzz                    # the release run: 10,000 frames per socket
+    python -m bench.fuzz --frames 2000
+
+Frames: random bytes, random msgpack (huge and negative integers, floats, bytes, deep nesting,
+maps with odd keys), envelopes with known and unknown kinds and random arguments, multi-part
+messages and large strings. Requests that would change something legitimately (submit, cancel,
+claim, ack, terminate, signal, abort) are left out: they are answered, not survived. After every
+500 frames and at the end each daemon must be the same process (boot id, pid, start ticks) and
+answer a valid request. It prints the figures and exits 1 on any death or silence.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from typing import Any
+
+import msgpack
+import zmq
+
+from bench.chaos import Agent, call
+from bench.common import kill_tree
+from tether.shared import records
+from tether.shared.client import Client
+from tether.shared.errors import TetherError
+from tether.shared.procid import ProcId
+
+AGENT_KINDS = ["hello", "status", "list", "show", "wait"]
+SUPERVISOR_KINDS = ["hello", "state", "info", "pids", "stats", "output", "events", "pmi", "wait"]
+KEYS = ["job", "attempt", "hold", "after", "limit", "versions", "offset", "lines", "rank",
+        "stream", "x", "", "é"]
+
+
+def value(rng: random.Random, depth: int = 0) -> Any:
+    pick = rng.randrange(12 if depth < 4 else 8)
+    if pick == 0:
+        return rng.choice([0, 1, -1, 2**31, 2**63 - 1, 2**63, 2**64 - 1, -(2**63)])
+    if pick == 1:
+        return rng.choice([0.5, -1e308, float("inf"), float("nan"), 1e12])
+    if pick == 2:
+        return rng.choice([None, True, False])
+    if pick == 3:
+        return "".join(chr(rng.randrange(1, 0x2FF)) for _ in range(rng.randrange(0, 40)))
+    if pick == 4:
+        return os.urandom(rng.randrange(0, 40))
+    if pick == 5:
+        return rng.randrange(-5, 5000)
+    if pick == 6:
+        return "x" * rng.choice([0, 1, 1000, 70000])
+    if pick == 7:
+        return rng.choice(KEYS)
+    if pick < 10:
+        return [value(rng, depth + 1) for _ in range(rng.randrange(0, 5))]
+    return {rng.choice([*KEYS, 1, None, b"k"]) if rng.random() < 0.8 else value(rng, 5):
+            value(rng, depth + 1) for _ in range(rng.randrange(0, 5))}
+
+
+def pack(obj: Any) -> bytes:
+    try:
+        return bytes(msgpack.packb(obj, use_bin_type=True))
+    except (TypeError, ValueError, OverflowError):
+        return b"\xc1"  # msgpack's "never used" byte: garbage all the same
+
+
+def frames(rng: random.Random, kinds: list[str]) -> list[bytes]:
+    pick = rng.randrange(8)
+    if pick == 0:
+        return [os.urandom(rng.randrange(0, 300))]
+    if pick == 1:
+        return [pack(value(rng))]
+    if pick == 2:
+        depth = rng.choice([100, 1000, 5000, 100000])
+        return [b"\x91" * depth + b"\xc0"]
+    if pick == 3:
+        return [os.urandom(rng.randrange(0, 50)) for _ in range(rng.randrange(2, 5))]
+    envelope: dict[Any, Any] = {
+        "v": rng.choice([1, 1, 1, 2, 0, -1, "1", None, 2**64 - 1]),
+        "id": rng.choice([rng.randrange(1, 1 << 30), "s", None, 1.5, True, 2**64 - 1, -1]),
+        "kind": rng.choice([*kinds, *kinds, "frobnicate", "", 7, None]),
+    }
+    if rng.random() < 0.9:
+        envelope["args"] = value(rng) if rng.random() < 0.3 else {
+            rng.choice(KEYS): value(rng, 2) for _ in range(rng.randrange(0, 4))}
+    if envelope["kind"] == "wait":  # parked for long would only measure memory
+        envelope.setdefault("args", {})
+        if isinstance(envelope["args"], dict):
+            envelope["args"]["hold"] = 0
+    if rng.random() < 0.1:
+        envelope[rng.choice(KEYS)] = value(rng)
+    return [pack(envelope)]
+
+
+class Target:
+    def __init__(self, name: str, path: str, ident: ProcId, probe: str) -> None:
+        self.name, self.path, self.ident, self.probe = name, path, ident, probe
+        self.sent = self.replies = 0
+        self.deaths = 0
+
+    def healthy(self) -> bool:
+        if not self.ident.alive():
+            return False
+        try:
+            with Client(self.path, timeout=5.0) as c:
+                c.call(self.probe, {})
+        except TetherError:
+            return False
+        return True
+
+
+def fuzz(target: Target, count: int, rng: random.Random, kinds: list[str]) -> None:
+    ctx: zmq.Context[Any] = zmq.Context.instance()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.SNDHWM, 100000)
+    sock.connect("ipc://" + target.path)
+    try:
+        for i in range(count):
+            sock.send_multipart(frames(rng, kinds))
+            target.sent += 1
+            while sock.poll(0, zmq.POLLIN):
+                sock.recv_multipart()
+                target.replies += 1
+            if (i + 1) % 500 == 0:
+                while sock.poll(200, zmq.POLLIN):  # let it catch up before the health check
+                    sock.recv_multipart()
+                    target.replies += 1
+                if not target.healthy():
+                    target.deaths += 1
+                    return
+    finally:
+        sock.close(linger=0)
+
+
+def run(args: argparse.Namespace) -> int:
+    rng = random.Random(args.seed)
+    base = tempfile.mkdtemp(dir="/tmp", prefix="tfuzz")
+    work = os.path.join(base, "w")
+    os.makedirs(work)
+    agent = Agent(base, 2)
+    t0 = time.monotonic()
+    try:
+        agent.start()
+        assert agent.proc is not None
+        job = call(agent.layout, "submit", {"command": ["sleep", "3600"], "workdir": work,
+                                            "env": {"PATH": "/usr/bin:/bin"}})["id"]
+        rd = agent.layout.run_dir(job, 1)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                man = records.read_manifest(rd.manifest)
+                if man["phase"] == "running":
+                    break
+            except (FileNotFoundError, records.RecordError):
+                pass
+            if time.monotonic() > deadline:
+                raise SystemExit("the step did not start")
+            time.sleep(0.05)
+        agent_ident = ProcId.of(agent.proc.pid)
+        assert agent_ident is not None
+        targets = [
+            (Target("agent", agent.layout.sock, agent_ident, "status"), AGENT_KINDS),
+            (Target("supervisor", rd.sock, ProcId.from_dict(man["supervisor"]), "state"),
+             SUPERVISOR_KINDS),
+        ]
+        for target, kinds in targets:
+            fuzz(target, args.frames, rng, kinds)
+            if target.deaths == 0 and not target.healthy():
+                target.deaths += 1
+        elapsed = time.monotonic() - t0
+    finally:
+        if agent.proc is not None and agent.proc.poll() is None:
+            agent.proc.send_signal(signal.SIGTERM)
+            agent.proc.wait(30)
+        kill_tree(agent.state)
+        agent.log.close()
+    figures: dict[str, Any] = {"seconds": round(elapsed, 1)}
+    for target, _ in targets:
+        figures[f"{target.name}_frames"] = target.sent
+        figures[f"{target.name}_replies"] = target.replies
+        figures[f"{target.name}_deaths"] = target.deaths
+    for key, val in figures.items():
+        print(f"{key:>20}: {val}")
+    print(json.dumps(figures))
+    bad = any(t.deaths or t.sent < args.frames for t, _ in targets)
+    if bad:
+        print(f"agent log: {agent.log.name}; supervisors.log in {agent.state}")
+    else:
+        shutil.rmtree(base, ignore_errors=True)
+    return 1 if bad else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--frames", type=int, default=10000, help="frames per socket")
+    p.add_argument("--seed", type=int, default=1)
+    return run(p.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
