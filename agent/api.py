@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +24,7 @@ from tether.agent import users
 from tether.agent.db import ACTIVE, FINAL, SCHEMA_VERSION, Job
 from tether.agent.ledger import Request as ResourceRequest
 from tether.shared import outpattern, protocol
+from tether.shared.cgroup import CgroupError
 from tether.shared.door import Conn
 from tether.shared.errors import (
     BadRequest,
@@ -70,6 +72,7 @@ def status(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
                            "pid": os.getpid(), "state_dir": agent.cfg.state_dir}
     out.update(agent.ledger.usage())
     out["jobs"] = agent.db.counts()
+    out["cgroup"] = agent.contain.status()
     return out
 
 
@@ -287,6 +290,49 @@ def cancel(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
     return job.public()
 
 
+def suspend(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
+    """Freeze the job's cgroup; its row stays ``running`` and ``suspended_at`` says since when
+    (written after the freeze: a failed freeze records nothing)."""
+    check_known(req.args, req.kind, ("job",))
+    job = _job(agent, req.args)
+    _owner_or_root(agent, peer, job, "suspend")
+    if job.suspended:
+        raise StateError(f"job {job.id} is already suspended")
+    if job.state != "running" or job.cancel_requested:
+        why = "being cancelled" if job.cancel_requested else job.state
+        raise StateError(f"job {job.id} is {why}: only a running job can be suspended")
+    try:
+        agent.contain.freeze(job.id, job.attempt)
+    except CgroupError as exc:
+        raise StateError(f"cannot suspend job {job.id}: {exc}") from None
+    try:
+        job = agent.db.update(job.id, suspended_at=time.time())
+    except Exception:
+        agent.contain.thaw(job.id, job.attempt)  # not recorded: not suspended either
+        raise
+    log.info("job %d suspended (uid %d)", job.id, peer.uid)
+    return job.public()
+
+
+def resume(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
+    check_known(req.args, req.kind, ("job",))
+    job = _job(agent, req.args)
+    _owner_or_root(agent, peer, job, "resume")
+    if not job.suspended:
+        raise StateError(f"job {job.id} is {job.public()['state']}, not suspended")
+    # Durable first: a crash after it leaves the job thawed-in-the-record and frozen in the
+    # kernel at worst, which a second resume (or cancel) settles; the reverse would count a
+    # running job's time as suspended.
+    job = agent.db.update(job.id, suspended_at=None,
+                          suspended_seconds=job.suspended_total(time.time()))
+    try:
+        agent.contain.thaw(job.id, job.attempt)
+    except CgroupError as exc:
+        raise StateError(f"cannot resume job {job.id}: {exc}") from None
+    log.info("job %d resumed (uid %d)", job.id, peer.uid)
+    return job.public()
+
+
 HANDLERS: dict[str, Handler] = {
     "hello": hello,
     "status": status,
@@ -295,6 +341,8 @@ HANDLERS: dict[str, Handler] = {
     "show": show,
     "wait": wait,
     "cancel": cancel,
+    "suspend": suspend,
+    "resume": resume,
 }
 
 

@@ -40,6 +40,7 @@ import zmq
 import tether
 import tether.shared.records
 from tether.agent import api, fallback, lifecycle, statedir, users
+from tether.agent.contain import BadBase, Containment
 from tether.agent.db import ACTIVE, Job, Store, StoreFull
 from tether.agent.ledger import Allocation, Conflict, Ledger, Request
 from tether.agent.link import Link
@@ -80,6 +81,10 @@ class AgentConfig:
     linger: float = 3600.0
     faults: frozenset[str] = field(default_factory=frozenset)
     cluster: ClusterConfig | None = None
+    #: auto, v2, v1 or none (shared/cgroup.py)
+    cgroup: str = "auto"
+    cgroup_base: str | None = None  #: None: contain.default_base(state_dir)
+    default_memory_mb: int = 0
 
 
 class AgentError(Exception):
@@ -135,6 +140,11 @@ class Agent:
         #: other fds in the poller and what to call when they are readable (the cluster's)
         self.extra_fds: dict[int, Callable[[], None]] = {}
         self.cluster: ClusterNode | None = None
+        try:
+            self.contain = Containment(cfg.cgroup, cfg.cgroup_base, cfg.default_memory_mb,
+                                       cfg.state_dir)
+        except BadBase as exc:
+            raise AgentError(str(exc)) from None
         if cfg.cluster is not None:
             from tether.agent.cluster import ClusterNode  # psycopg only for cluster members
             self.cluster = ClusterNode(self, cfg.cluster)
@@ -182,6 +192,7 @@ class Agent:
             signal.signal(sig, _wake_only)
         self.poller.register(wake_r, zmq.POLLIN)
         t0 = time.monotonic()
+        self.contain.start()
         try:
             self.spawner.ensure_template()
             # Serve at once: the live supervisors' allocations are back in the ledger and the
@@ -371,6 +382,7 @@ class Agent:
             "env": job.env, "workdir": job.workdir, "output": job.output, "error": job.error,
             "claim_timeout": self.cfg.claim_timeout, "linger": self.cfg.linger,
             "kill_grace": self.cfg.cancel_grace, "agent_uid": os.getuid(), "pmi": job.pmi,
+            "cgroup": self.contain.plan(job.id, job.attempt, job.memory_mb),
         }
         try:
             spec.update(self.identity(job))
@@ -491,6 +503,7 @@ class Agent:
                 self.timers.at(time.monotonic() + RETRY_UNRESPONSIVE,
                                lambda: self.feed(m.job, m.attempt, lifecycle.Deadline()))
             elif isinstance(eff, lifecycle.Kill):
+                self.contain.clean(m.job, m.attempt)
                 fallback.kill_leftovers(self.layout.run_dir(m.job, m.attempt),
                                         self.db.get(m.job))
             elif isinstance(eff, lifecycle.RemoveRunDir):
@@ -722,10 +735,14 @@ class Agent:
             log.exception("job %d: reading %s", job_id, rd.path)
             verdict = lifecycle.Lost(reason=f"its supervisor is gone and its run directory "
                                             f"could not be read ({type(exc).__name__})")
-        if isinstance(verdict, lifecycle.NeverRan) and fallback.step_processes(job):
+        if isinstance(verdict, lifecycle.NeverRan) and (
+                fallback.step_processes(job) or self.contain.populated(job_id, attempt)):
             # Its files say nothing started, but processes of the step live: it did start.
             verdict = lifecycle.Lost(reason=f"{verdict.reason}, but processes of the step "
                                             "were running")
+        # No supervisor holds the step any more: nothing of it may run on (a lost step's
+        # processes, a setsid daemon), and its cgroup goes.
+        self.contain.clean(job_id, attempt)
         if note and isinstance(verdict, lifecycle.Lost):
             verdict = lifecycle.Lost(reason=f"{verdict.reason}; {note}", kill=verdict.kill)
         self.feed(job_id, attempt, lifecycle.Gone(verdict=verdict))
@@ -738,7 +755,10 @@ class Agent:
         fields: dict[str, Any] = {"state": fin.state, "exit_code": fin.exit_code,
                                   "signal": fin.signal, "reason": fin.reason,
                                   "ended_at": fin.ended_at or rfc3339_now(),
-                                  "core_dumped": fin.core_dumped}
+                                  "core_dumped": fin.core_dumped, "oom": fin.oom,
+                                  "suspended_at": None}
+        if job.suspended_at is not None:  # a suspended job that ended (cancelled, lost)
+            fields["suspended_seconds"] = job.suspended_total(time.time())
         if fin.started_at and not job.started_at:
             fields["started_at"] = fin.started_at
         job = self.db.update(job.id, **fields)
@@ -785,6 +805,9 @@ class Agent:
                 self.orphan(rd)
             except Exception:  # one odd directory must not keep the node from starting
                 log.exception("%s: could not be examined", rd.path)
+        for job_id, attempt in self.contain.steps_present():
+            if fallback.lock_is_free(self.layout.run_dir(job_id, attempt)):
+                self.contain.clean(job_id, attempt)  # its supervisor is gone: a leftover
         log.info("reattach: %d active job(s), %d to probe", len(active), len(self.reattaching))
 
     def reattach_one(self, job: Job) -> None:

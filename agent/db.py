@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import sqlite3
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -123,15 +124,28 @@ MIGRATIONS: list[Migration] = [
     Migration("the submitter's umask of each job (issue 7), in a table of its own",
               sql("CREATE TABLE IF NOT EXISTS job_umask (id INTEGER PRIMARY KEY, "
                   "umask INTEGER NOT NULL)")),
+    # Beside the jobs table too (issue 9). A job is suspended while suspended_at is set (the
+    # wall-clock second it was frozen); its state column stays "running", which is what an
+    # agent rolled back to an older release understands.
+    Migration("job_cgroup: whether the OOM killer ended the job, and its suspension "
+              "(since when, seconds in all)",
+              sql("CREATE TABLE IF NOT EXISTS job_cgroup (job INTEGER PRIMARY KEY, "
+                  "oom INTEGER NOT NULL DEFAULT 0, suspended_at REAL, "
+                  "suspended_seconds REAL NOT NULL DEFAULT 0)")),
 ]
 
 #: the fields of Job kept in job_facts rather than jobs
 _FACTS = ("supervisor_boot", "supervisor_session", "core_dumped")
+#: the fields of Job kept in job_cgroup
+_CGROUP = ("oom", "suspended_at", "suspended_seconds")
 #: every query reads jobs through this: job_facts' identity counts only while it is of the
 #: supervisor the jobs row names (an agent rolled back to 0.1.0 updates jobs alone)
 _SELECT = ("SELECT jobs.*, f.supervisor_ticks AS facts_ticks, f.supervisor_boot, "
-           "f.supervisor_session, COALESCE(f.core_dumped, 0) AS core_dumped "
-           "FROM jobs LEFT JOIN job_facts f ON f.job = jobs.id")
+           "f.supervisor_session, COALESCE(f.core_dumped, 0) AS core_dumped, "
+           "COALESCE(cg.oom, 0) AS oom, cg.suspended_at, "
+           "COALESCE(cg.suspended_seconds, 0) AS suspended_seconds "
+           "FROM jobs LEFT JOIN job_facts f ON f.job = jobs.id "
+           "LEFT JOIN job_cgroup cg ON cg.job = jobs.id")
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
@@ -175,6 +189,21 @@ class Job:
     supervisor_boot: str | None = None
     supervisor_session: int | None = None
     core_dumped: bool = False
+    #: the OOM killer took a process of the step (its memory limit was exceeded)
+    oom: bool = False
+    #: wall-clock time (epoch seconds) the job was suspended, while it is
+    suspended_at: float | None = None
+    #: seconds spent suspended before (not counting the current suspension)
+    suspended_seconds: float = 0.0
+
+    @property
+    def suspended(self) -> bool:
+        return self.suspended_at is not None and self.state == "running"
+
+    def suspended_total(self, now: float) -> float:
+        """Seconds suspended in all, the current suspension included."""
+        extra = max(0.0, now - self.suspended_at) if self.suspended_at is not None else 0.0
+        return round(self.suspended_seconds + extra, 3)
 
     @property
     def allocation(self) -> Allocation:
@@ -196,6 +225,9 @@ class Job:
             "workdir": self.workdir, "submitted_at": self.submitted_at,
             "started_at": self.started_at, "ended_at": self.ended_at, "pmi": self.pmi,
             "user": self.user, "uid": self.uid, "core_dumped": self.core_dumped,
+            # "suspended" is a state of the job object only: the row says running (db.py)
+            "oom": self.oom, **({"state": "suspended"} if self.suspended else {}),
+            "suspended_seconds": self.suspended_total(time.time()),
         }
 
 
@@ -208,6 +240,7 @@ def _row(row: sqlite3.Row) -> Job:
         d[col] = json.loads(d[col])
     d["cancel_requested"] = bool(d["cancel_requested"])
     d["core_dumped"] = bool(d.get("core_dumped"))
+    d["oom"] = bool(d.get("oom"))
     if d.pop("facts_ticks", None) != d["supervisor_ticks"]:
         d["supervisor_boot"] = d["supervisor_session"] = None
     return Job(**d)
@@ -329,7 +362,9 @@ class Store:
         facts = {k: fields.pop(k) for k in _FACTS if k in fields}
         if "supervisor_boot" in facts or "supervisor_session" in facts:
             facts["supervisor_ticks"] = fields.get("supervisor_ticks")
-        own = not self.conn.in_transaction and bool(facts) and bool(fields)
+        cgroup = {k: fields.pop(k) for k in _CGROUP if k in fields}
+        own = (not self.conn.in_transaction
+               and sum(1 for part in (fields, facts, cgroup) if part) > 1)
         if own:
             self.begin()  # both tables or neither
         try:
@@ -342,6 +377,12 @@ class Store:
                 sets = ", ".join(f"{k} = excluded.{k}" for k in facts)
                 self._exec(f"INSERT INTO job_facts (job, {cols}) VALUES (?, {marks}) "
                            f"ON CONFLICT(job) DO UPDATE SET {sets}", (job_id, *facts.values()))
+            if cgroup:
+                cols = ", ".join(cgroup)
+                marks = ", ".join("?" for _ in cgroup)
+                sets = ", ".join(f"{k} = excluded.{k}" for k in cgroup)
+                self._exec(f"INSERT INTO job_cgroup (job, {cols}) VALUES (?, {marks}) "
+                           f"ON CONFLICT(job) DO UPDATE SET {sets}", (job_id, *cgroup.values()))
             if own:
                 self.commit()
         except BaseException:

@@ -82,7 +82,8 @@ def _from_sentinel(rec: dict[str, Any]) -> Verdict:
         return NeverRan(reason=rec.get("reason") or "aborted before launch")
     return Result(state=rec["state"], exit_code=rec.get("exit_code"), signal=rec.get("signal"),
                   reason=rec.get("reason"), started_at=rec.get("started_at"),
-                  ended_at=rec.get("ended_at"), core_dumped=bool(rec.get("core_dumped")))
+                  ended_at=rec.get("ended_at"), core_dumped=bool(rec.get("core_dumped")),
+                  oom=rec.get("oom") is True)
 
 
 def resolve(rd: RunDir, job: Job) -> Verdict:

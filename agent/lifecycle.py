@@ -60,6 +60,8 @@ class Result:
     started_at: str | None = None
     ended_at: str | None = None
     core_dumped: bool = False
+    #: the OOM killer took a process of the step
+    oom: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -251,6 +253,8 @@ class Finalize:
     started_at: str | None = None
     ended_at: str | None = None
     core_dumped: bool = False
+    #: the OOM killer took a process of the step
+    oom: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -360,7 +364,8 @@ def _settle(m: Machine, verdict: Verdict, *, then: list[Effect],
     if isinstance(verdict, Result):
         fin = Finalize(state=verdict.state, exit_code=verdict.exit_code, signal=verdict.signal,
                        reason=verdict.reason, started_at=verdict.started_at,
-                       ended_at=verdict.ended_at, core_dumped=verdict.core_dumped)
+                       ended_at=verdict.ended_at, core_dumped=verdict.core_dumped,
+                       oom=verdict.oom)
         return _finish(replace(m, launched=True), [fin, *then], state)
     if isinstance(verdict, NeverRan):
         return _never_ran(m, verdict.reason, then=then, state=state)

@@ -44,7 +44,7 @@ def kill_tree(state: str) -> int:
 class ScratchAgent:
     """An agent on a fresh temporary state directory, for one benchmark run."""
 
-    def __init__(self, prefix: str, cpus: int) -> None:
+    def __init__(self, prefix: str, cpus: int, extra: list[str] | None = None) -> None:
         import subprocess
         import sys
         import tempfile
@@ -57,7 +57,8 @@ class ScratchAgent:
         self.env = dict(os.environ, TETHER_STATE_DIR=self.state)
         self.tether = [sys.executable, "-m", "tether.cli.main"]
         self._log = open(os.path.join(self.base, "agent.log"), "wb")  # noqa: SIM115
-        self.proc = subprocess.Popen([*self.tether, "agent", "--cpus", str(cpus)], env=self.env,
+        self.proc = subprocess.Popen([*self.tether, "agent", "--cpus", str(cpus), *(extra or [])],
+                                     env=self.env,
                                      stdout=self._log, stderr=subprocess.STDOUT,
                                      start_new_session=True)
         deadline = time.monotonic() + 20
@@ -76,4 +77,17 @@ class ScratchAgent:
             self.proc.wait()
         self._log.close()
         kill_tree(self.state)
+        remove_cgroups(self.state)
         shutil.rmtree(self.base, ignore_errors=True)
+
+
+def remove_cgroups(state: str) -> None:
+    """The steps' cgroups an agent on ``state`` made (its default base), and the base."""
+    if os.geteuid() != 0:
+        return
+    from tether.agent.contain import default_base
+    from tether.shared import cgroup
+
+    for mode in ("v1", "v2"):
+        for path in cgroup.base_dirs(cgroup.probe(mode), default_base(state)).values():
+            cgroup.remove_tree(path)

@@ -54,7 +54,7 @@ def clustered(layout: Layout, ns: argparse.Namespace) -> int | None:
     """Run ``ns`` against the cluster, or None when it is a standalone command."""
     dsn = dsn_of(ns)
     if dsn is None:
-        if ns.cmd in CLUSTER_ONLY:
+        if ns.cmd in CLUSTER_ONLY and not names_job(ns):
             raise CliError(f"{ns.cmd}: needs a cluster (--cluster DSN or TETHER_CLUSTER)",
                            EXIT_USAGE)
         if getattr(ns, "no_requeue", False):
@@ -311,6 +311,19 @@ def cmd_drain(conn: Conn, dsn: str, ns: argparse.Namespace) -> int:
     return 0
 
 
+def names_job(ns: argparse.Namespace) -> bool:
+    """``resume`` takes a job (digits) or a node (anything else): node names that are all
+    digits cannot be resumed by name (docs/cli.md)."""
+    return ns.cmd == "resume" and str(ns.node).isdigit()
+
+
+def cmd_resume(conn: Conn, dsn: str, ns: argparse.Namespace) -> int:
+    if not names_job(ns):
+        return cmd_drain(conn, dsn, ns)
+    ns.job = int(ns.node)
+    return cmd_on_node(conn, dsn, ns)
+
+
 def cmd_on_node(conn: Conn, dsn: str, ns: argparse.Namespace) -> int:
     """inspect, attach, signal: on the machine of the job's node, through its supervisor."""
     from tether.cli import main
@@ -335,5 +348,6 @@ def cmd_on_node(conn: Conn, dsn: str, ns: argparse.Namespace) -> int:
 COMMANDS: dict[str, Callable[[Conn, str, argparse.Namespace], int]] = {
     "cluster": cmd_init, "submit": cmd_submit, "list": cmd_list, "show": cmd_show,
     "wait": cmd_wait, "cancel": cmd_cancel, "nodes": cmd_nodes, "drain": cmd_drain,
-    "resume": cmd_drain, "inspect": cmd_on_node, "attach": cmd_on_node, "signal": cmd_on_node,
+    "resume": cmd_resume, "suspend": cmd_on_node, "inspect": cmd_on_node,
+    "attach": cmd_on_node, "signal": cmd_on_node,
 }

@@ -13,6 +13,7 @@ from tether.cli.errors import CliError
 
 
 def agent(state_dir: str, ns: argparse.Namespace) -> int:
+    from tether.agent.contain import default_base
     from tether.agent.daemon import Agent, AgentConfig, AgentError, allowed_cpus, memory_mb
     from tether.agent.db import SchemaError
     from tether.shared.paths import PathTooLong
@@ -24,7 +25,9 @@ def agent(state_dir: str, ns: argparse.Namespace) -> int:
         cpu_ids=list(range(ns.cpus)) if ns.cpus else allowed_cpus(),
         gpus=ns.gpus, memory_mb=memory_mb() if ns.memory_mb is None else ns.memory_mb,
         node=ns.node or socket.gethostname(), cancel_grace=ns.cancel_grace,
-        claim_timeout=ns.claim_timeout, linger=ns.linger,
+        claim_timeout=ns.claim_timeout, linger=ns.linger, cgroup=ns.cgroup,
+        cgroup_base=ns.cgroup_base or default_base(os.path.abspath(state_dir)),
+        default_memory_mb=ns.default_memory_mb,
         faults=frozenset(f for f in os.environ.get("TETHER_AGENT_FAULT", "").split(",") if f),
         cluster=agent_cluster(ns),
     )

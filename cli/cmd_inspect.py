@@ -114,7 +114,21 @@ def show_stats(res: dict[str, Any], as_json: bool) -> int:
     if res["adopted"]["processes"]:
         row("adopted", "-", res["adopted"], f"{res['adopted']['processes']} process(es)")
     row("total", "-", res["total"], "")
+    cg = res.get("cgroup")  # supervisors before issue 9, or a step without a cgroup: none
+    if isinstance(cg, dict):
+        print("\n" + cgroup_line(cg))
     return 0
+
+
+def cgroup_line(cg: dict[str, Any]) -> str:
+    """The kernel's own counts for the whole step (its cgroup), daemons included."""
+    def mib(v: Any) -> str:
+        return "-" if v is None else f"{v / 1048576:.1f} MiB"
+    limit = f"{cg['memory_limit_mb']} MB" if cg.get("memory_limit_mb") else "none"
+    cpu = "-" if cg.get("cpu_seconds") is None else f"{cg['cpu_seconds']:.2f} s"
+    return (f"cgroup ({cg.get('mode')}): memory {mib(cg.get('memory_current'))}, peak "
+            f"{mib(cg.get('memory_peak'))}, limit {limit}; cpu {cpu}; pids {cg.get('pids')}"
+            + ("; frozen" if cg.get("frozen") else ""))
 
 
 def show_output(res: dict[str, Any], as_json: bool) -> int:

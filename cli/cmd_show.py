@@ -28,6 +28,14 @@ def status(layout: Layout, ns: argparse.Namespace) -> int:
         print(f"  {res:<10} {st[res]['allocated']}/{st[res]['total']} allocated")
     counts = ", ".join(f"{k} {v}" for k, v in st["jobs"].items() if v)
     print(f"  {'jobs':<10} {counts or 'none'}")
+    cg = st.get("cgroup")  # agents before issue 9 do not say
+    if isinstance(cg, dict):
+        if cg.get("mode") == "none":
+            line = f"none ({cg.get('note')})" if cg.get("note") else "none"
+        else:
+            how = "enforced" if cg.get("memory_enforced") else "counted"
+            line = f"{cg.get('mode')}, memory {how}"
+        print(f"  {'cgroups':<10} {line}")
     return 0
 
 

@@ -30,6 +30,7 @@ VERBS = {
     "inspect": "cmd_inspect:inspect", "attach": "cmd_attach:attach",
     "signal": "cmd_attach:signal", "top": "cmd_top:top",
     "upgrade-supervisors": "cmd_upgrade:upgrade_supervisors",
+    "suspend": "cmd_suspend:suspend", "resume": "cmd_suspend:resume",
 }
 # verbs that need no agent: they take the Namespace only
 LOCAL = {"completion": "completion:completion", "man": "manpage:man"}

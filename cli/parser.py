@@ -122,7 +122,7 @@ def build_parser() -> Parser:
     sub = p.add_subparsers(dest="cmd", metavar="COMMAND", parser_class=Parser, title="commands")
     for add in (add_agent, add_status, add_submit, add_list, add_show, add_wait, add_cancel,
                 add_inspect, add_attach, add_signal, add_top, add_upgrade, add_completion,
-                add_man, add_cluster, add_nodes, add_drain, add_resume):
+                add_man, add_cluster, add_nodes, add_drain, add_suspend, add_resume):
         add(sub)
     return p
 
@@ -150,6 +150,18 @@ def add_agent(sub: Any) -> None:
                    "gives up (default 120)")
     a.add_argument("--linger", type=seconds, default=3600.0, metavar="SECONDS",
                    help="how long a supervisor keeps a result nobody acknowledged (default 3600)")
+    a.add_argument("--cgroup", default="auto", choices=["auto", "v2", "v1", "none"],
+                   help="contain each step in a cgroup: v2, the v1 hierarchies (memory, pids, "
+                   "freezer, cpuacct), or none (process groups only); auto: v2 where it has the "
+                   "memory controller, else v1, else v2 for tracking alone, else none "
+                   "(default auto)")
+    a.add_argument("--cgroup-base", metavar="PATH",
+                   help="where steps' cgroups go, in each hierarchy: relative to the agent's own "
+                   "cgroup, or absolute from the hierarchy's root (default tether-HASH, HASH "
+                   "from the state directory, so that two agents never share one)")
+    a.add_argument("--default-memory-mb", type=non_negative, default=0, metavar="MB",
+                   help="memory limit of a job submitted without --memory-mb, in MiB; 0: "
+                   "unlimited but accounted (default 0)")
     a.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
                    help="log to stderr from this level on (default INFO)")
     a.add_argument("--heartbeat", type=positive_seconds, metavar="SECONDS",
@@ -338,9 +350,19 @@ def add_drain(sub: Any) -> None:
     s.add_argument("node", metavar="NODE", help="node name")
 
 
+def add_suspend(sub: Any) -> None:
+    s = verb(sub, "suspend", "freeze a running job (resume thaws it)",
+             "Freeze every process of a running job (its cgroup's freezer) until `tether resume "
+             "JOB`. Its state reads suspended, the time suspended is not counted in its "
+             "elapsed time, it keeps its CPUs, and cancel still works. The job's owner or root.")
+    s.add_argument("job", type=job_id, metavar="JOB", help="job id")
+
+
 def add_resume(sub: Any) -> None:
-    s = verb(sub, "resume", "let a drained node take work again (with --cluster)")
-    s.add_argument("node", metavar="NODE", help="node name")
+    s = verb(sub, "resume", "thaw a suspended job; or let a drained node take work again",
+             "With a job id (digits): thaw a job that `tether suspend` froze. Anything else "
+             "names a node: let a drained node take work again (with --cluster).")
+    s.add_argument("node", metavar="JOB|NODE", help="a job id, or a node name")
 
 
 def add_completion(sub: Any) -> None:

@@ -29,7 +29,9 @@ def elapsed(j: dict[str, Any]) -> str:
     if start is None:
         return ""
     end = parse_stamp(j.get("ended_at"))
-    return duration((time.time() if end is None else end) - start)
+    # time spent suspended is not run time (Slurm's elapsed leaves it out too)
+    frozen = float(j.get("suspended_seconds") or 0)
+    return duration(max(0.0, (time.time() if end is None else end) - start - frozen))
 
 
 def limit(j: dict[str, Any]) -> str:

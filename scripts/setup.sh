@@ -11,7 +11,8 @@
 #                                  postgresql (the cluster tests' server), zsh (the zsh
 #                                  completion is loaded by a real zsh), groff-base
 #                                  (the man page is rendered) and tmux (`tether top` runs in a
-#                                  real terminal)
+#                                  real terminal) and systemd (`systemd-analyze verify` checks
+#                                  contrib/systemd's unit; systemd need not run)
 # Debian's /usr/bin/python3 is used (not a pyenv shim): it starts fast and other users can run it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,7 +23,7 @@ target="."
 case "${1:-}" in
     "") ;;
     --cluster) packages+=(postgresql);;
-    --tests) packages+=(mpich libmpich-dev libpmi2-0-dev postgresql zsh groff-base tmux)
+    --tests) packages+=(mpich libmpich-dev libpmi2-0-dev postgresql zsh groff-base tmux systemd)
              target=".[test]";;
     *) echo "usage: bash scripts/setup.sh [--cluster|--tests]" >&2; exit 2;;
 esac

@@ -45,6 +45,9 @@ KIND_SINCE: dict[str, int] = {
     "pids": 1, "stats": 1, "output": 1, "events": 1, "signal": 1,
     # protocol 2 (kinds added in release 0.3.0; a 0.2.0 server answers them unknown_kind)
     "upgrade": 2,
+    # added in release 0.5.0 without a new version: an agent without them answers
+    # unknown_kind, which is the truth (it cannot suspend)
+    "suspend": 2, "resume": 2,
 }
 
 

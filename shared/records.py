@@ -179,6 +179,7 @@ def check_sentinel(path: str, rec: Any) -> dict[str, Any]:
     for name in ("reason", "started_at", "ended_at"):
         if rec.get(name) is not None and not isinstance(rec[name], str):
             raise RecordError(f"{path}: field {name!r} must be text or null")
-    if not isinstance(rec.get("core_dumped", False), bool):
-        raise RecordError(f"{path}: field 'core_dumped' must be a boolean")
+    for name in ("core_dumped", "oom"):
+        if not isinstance(rec.get(name, False), bool):
+            raise RecordError(f"{path}: field {name!r} must be a boolean")
     return rec

@@ -274,7 +274,9 @@ def stats(sup: Supervisor, peer: Peer, req: protocol.Request) -> Any:
         "processes": sum(int(p["processes"]) for p in parts),
         "elapsed": max((float(t["elapsed"]) for t in tasks), default=0.0),
     }
-    return {"tasks": tasks, "adopted": other, "total": total, "phase": sup.step.phase.value}
+    cg = sup.cgroup.stats() if sup.cgroup.active and sup.cgroup.exists() else None
+    return {"tasks": tasks, "adopted": other, "total": total, "phase": sup.step.phase.value,
+            "cgroup": cg}
 
 
 def _selected(sup: Supervisor, which: str) -> tuple[str, ...]:

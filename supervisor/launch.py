@@ -20,6 +20,7 @@ import socket
 import stat
 import subprocess
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
@@ -281,6 +282,9 @@ class Launcher:
         self.prepare = prepare
         self.spawned = spawned
         self.env_filter = env_filter
+        #: entered around each fork: the step's cgroup (the child starts inside it, and so
+        #: is inside before it execs; this process leaves again at once)
+        self.contain: Callable[[], AbstractContextManager[None]] = contextlib.nullcontext
 
     def launch(self, spec: dict[str, Any], step: Step, opened: Opened | LaunchFailed) -> None:
         """Start every task on what the opener handed back (or record why it could not).
@@ -335,20 +339,8 @@ class Launcher:
         # path since then changes nothing (the child's chdir runs before it drops to the user).
         cwd = f"/proc/self/fd/{wd}"
         try:
-            proc = subprocess.Popen(
-                spec["command"],
-                **who,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=err,
-                cwd=cwd,
-                umask=int(spec.get("umask", 0o022)),
-                env=env,
-                process_group=0,
-                close_fds=True,
-                pass_fds=pass_fds,
-                restore_signals=True,
-            )
+            with self.contain():
+                proc = self._popen(spec, who, out, err, cwd, env, pass_fds)
         except OSError as exc:
             task.record_launch_failure(_exec_reason(exc, spec, cwd))
             log.warning("task %d: %s", task.rank, task.reason)
@@ -363,6 +355,24 @@ class Launcher:
         self.procs[proc.pid] = proc
         task.pid = proc.pid
         task.start_ticks = start_ticks(proc.pid) or 0
+
+    @staticmethod
+    def _popen(spec: dict[str, Any], who: dict[str, Any], out: int, err: int, cwd: str,
+               env: dict[str, str], pass_fds: tuple[int, ...]) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+                spec["command"],
+                **who,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=err,
+                cwd=cwd,
+                umask=int(spec.get("umask", 0o022)),
+                env=env,
+                process_group=0,
+                close_fds=True,
+                pass_fds=pass_fds,
+                restore_signals=True,
+            )
 
     def reaped(self, pid: int, status: int) -> None:
         proc = self.procs.pop(pid, None)

@@ -41,6 +41,7 @@ import zmq
 
 import tether
 from tether.shared import protocol, records, wire
+from tether.shared.cgroup import CgroupError, StepCgroup
 from tether.shared.door import Conn, Door, answer, listen_socket
 from tether.shared.errors import LaunchError, StateError, TetherError
 from tether.shared.parking import Lot, Parked
@@ -57,6 +58,8 @@ log = logging.getLogger("tether.supervisor")
 
 #: How long to wait for killed leftovers to be reaped before writing the record anyway.
 DRAIN_TIMEOUT = 10.0
+#: How often a step's cgroup is looked at while its killed processes leave it.
+DRAIN_POLL = 0.005
 #: How long the opener (the job's user's files) may take before the launch fails.
 OPEN_TIMEOUT = 5.0
 #: How long the final reply (to ack) may take to leave before the socket is dropped.
@@ -107,6 +110,8 @@ class Supervisor:
             self.launcher = Launcher(self.channels.prepare, self.channels.spawned, clean_env)
         else:
             self.launcher = Launcher()
+        #: the step's cgroup (mode none: tracked by process group and session alone)
+        self.cgroup = StepCgroup(spec.get("cgroup") or {"mode": "none"})
         #: the job's owner: its tasks' uid (``--user``), else the agent's
         self.owner_uid = int(spec.get("uid", spec["agent_uid"]))
         #: the step's events, in order (``events`` verb): task started, task exited, step ended
@@ -131,6 +136,7 @@ class Supervisor:
         self.record_durable = False
         self.kill_timer: Timer | None = None
         self.drain_timer: Timer | None = None
+        self.drain_check: Timer | None = None
         self.claim_timer: Timer | None = None
         self.router: zmq.Socket[Any] | None = None
         self.door: Door | None = None
@@ -251,6 +257,8 @@ class Supervisor:
         for task in self.step.tasks:
             if task.pid and not task.done:
                 _killpg(task.pid, signal.SIGKILL)
+        with contextlib.suppress(Exception):
+            self.kill_cgroup()
         with contextlib.suppress(Exception):
             self.sweep()
 
@@ -482,6 +490,7 @@ class Supervisor:
             return
         self.step.advance(Phase.RUNNING)
         self.step.started_at = rfc3339_now()
+        self.make_cgroup()
         try:
             self.launcher.launch(self.spec, self.step, got)
         except LaunchFailed as exc:
@@ -503,6 +512,25 @@ class Supervisor:
                  [t.pid for t in self.step.tasks])
         self.answer_claims()
         self.reap()  # a launch failure may already have finished the step
+
+    def make_cgroup(self) -> None:
+        """The step's cgroup, before the first fork; the launcher puts each task in it."""
+        if not self.cgroup.active:
+            return
+        try:
+            self.cgroup.create()
+        except CgroupError as exc:
+            # Never a failed launch for want of containment: tracked as without cgroups.
+            log.error("%s; the step runs without one (tracked by process group and session)",
+                      exc)
+            self.cgroup.remove()
+            self.cgroup = StepCgroup({"mode": "none"})
+            return
+        self.launcher.contain = self.cgroup.joined
+
+    def kill_cgroup(self) -> None:
+        if self.cgroup.active:
+            self.cgroup.kill()
 
     def answer_claims(self) -> None:
         for p in self.claims.take(None):
@@ -599,8 +627,23 @@ class Supervisor:
             if self.kill_timer:
                 self.kill_timer.cancel()
             self.drain_timer = self.timers.at(time.monotonic() + DRAIN_TIMEOUT, self.finish)
-        if self.step.phase is Phase.DRAINING and self.sweep() == 0:
+        if self.step.phase is Phase.DRAINING and self.sweep() == 0 and self.cgroup_drained():
             self.finish()
+
+    def cgroup_drained(self) -> bool:
+        """Is the step's cgroup empty? If not, kill what is in it and look again shortly (a
+        killed process that is not our child sends no SIGCHLD)."""
+        if not self.cgroup.active or self.cgroup.empty():
+            return True
+        self.cgroup.kill()
+        if self.cgroup.empty():
+            return True
+        if self.drain_check is None:
+            def again() -> None:
+                self.drain_check = None
+                self.reap()
+            self.drain_check = self.timers.at(time.monotonic() + DRAIN_POLL, again)
+        return False
 
     def sweep(self) -> int:
         """SIGKILL every remaining child (adopted daemons); return how many are left."""
@@ -626,9 +669,22 @@ class Supervisor:
         if left:
             log.error("%d leftover process(es) survived SIGKILL for %gs; ending the step anyway",
                       left, DRAIN_TIMEOUT)
+        if self.drain_check is not None:
+            self.drain_check.cancel()
+            self.drain_check = None
+        if self.cgroup.active:
+            if not self.cgroup.empty():
+                log.error("processes %s are still in the step's cgroup after %gs; ending the "
+                          "step anyway", sorted(self.cgroup.procs()), DRAIN_TIMEOUT)
+            if self.cgroup.oom_kills() and self.cgroup.memory_mb:
+                self.step.oom_mb = self.cgroup.memory_mb
+                log.warning("the OOM killer took %d process(es) of the step (limit %d MB)",
+                            self.cgroup.oom_kills(), self.cgroup.memory_mb)
         self.step.ended_at = rfc3339_now()
         self.step.advance(Phase.EXITED)
         self.write_record()
+        if self.cgroup.active and not self.cgroup.remove():
+            log.error("cannot remove the step's cgroup %s", self.cgroup.dirs)
         log.info("step ended: %s", self.record)
         assert self.record is not None
         self.emit("step_ended", state=self.record["state"], exit_code=self.record["exit_code"],
@@ -684,6 +740,12 @@ class Supervisor:
             self.step.terminated_by = why
         for pid in self.step.live_pids():
             _killpg(pid, signal.SIGTERM)
+        if self.cgroup.active:
+            # every process of the step hears it (a setsid daemon too); a suspended step is
+            # thawed so that it can
+            self.cgroup.signal_all(signal.SIGTERM)
+            with contextlib.suppress(CgroupError):
+                self.cgroup.thaw()
         if self.kill_timer is None:
             self.kill_timer = self.timers.at(time.monotonic() + grace, self.kill_now)
             log.info("%s: sent SIGTERM, SIGKILL in %gs", why, grace)
@@ -694,6 +756,7 @@ class Supervisor:
                 log.warning("task %d (pid %d) outlived the grace period; sending SIGKILL",
                             task.rank, task.pid)
                 _killpg(task.pid, signal.SIGKILL)
+        self.kill_cgroup()
 
     # ---- PMI -------------------------------------------------------------------------------
 

@@ -114,6 +114,8 @@ class Step:
     #: set when the step is failed from outside any one task's exit (PMI abort, broken fence)
     forced_reason: str | None = None
     forced_code: int | None = None
+    #: the OOM killer took a process of the step, whose memory limit was this many MB
+    oom_mb: int | None = None
 
     def __post_init__(self) -> None:
         if not self.tasks:
@@ -184,10 +186,20 @@ class Step:
                 exit_code, sig = self.forced_code, None
             elif bad is None:
                 exit_code, sig = None, None
+        if self.oom_mb is not None and not self.cancelled:
+            # Whatever a task made of it (a shell may exit 1 after its child was killed), the
+            # step ran out of memory: that is the story, and the exit is the OOM's SIGKILL
+            # unless a task's own failure says more.
+            state = "failed"
+            if bad is None or bad.signal == signal.SIGKILL:
+                exit_code, sig = None, int(signal.SIGKILL)
+            reason = f"the step exceeded its memory limit of {self.oom_mb} MB" + (
+                f" ({reason})" if reason else "")
         if self.cancelled:
             reason = "cancelled" + (f"; {reason}" if reason else "")
         elif self.terminated_by:
             reason = self.terminated_by + (f"; {reason}" if reason else "")
         return {"state": state, "launched": True, "exit_code": exit_code, "signal": sig,
+                "oom": self.oom_mb is not None,
                 "core_dumped": bool(sig is not None and bad is not None and bad.core_dumped),
                 "reason": None if reason is None else bounded(reason)}

@@ -14,7 +14,8 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from tether.shared import framing, protocol, records
+from tether.agent.contain import default_base
+from tether.shared import cgroup, framing, protocol, records
 from tether.shared.paths import Layout, RunDir
 from tether.shared.procid import ProcId, all_processes, proc_stat
 
@@ -135,6 +136,9 @@ class Node:
         os.makedirs(self.work)
         self.layout = Layout(self.state)
         self.args = ["--cpus", str(cpus), "--cancel-grace", "2", *(extra or [])]
+        # TETHER_TEST_CGROUP=none runs a suite with cgroups hidden (the degrade path)
+        if os.environ.get("TETHER_TEST_CGROUP"):
+            self.args += ["--cgroup", os.environ["TETHER_TEST_CGROUP"]]
         self.agent: subprocess.Popen[bytes] | None = None
         self.agent_logs: list[str] = []
         self.env = dict(os.environ, TETHER_STATE_DIR=self.state)
@@ -304,7 +308,18 @@ class Node:
         for st in all_processes():
             if st.session in sessions and st.pid != os.getpid():
                 _kill(st.pid)
+        remove_cgroups(default_base(self.state))
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def remove_cgroups(base: str) -> None:
+    """Kill everything in the steps' cgroups under ``base`` (an agent's ``--cgroup-base``) in
+    every hierarchy, and remove them with the base."""
+    if os.geteuid() != 0:
+        return
+    for mode in ("v1", "v2"):
+        for path in cgroup.base_dirs(cgroup.probe(mode), base).values():
+            cgroup.remove_tree(path)
 
 
 def _kill(pid: int) -> None:

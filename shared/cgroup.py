@@ -1,0 +1,557 @@
+"""cgroups: which ones this host has (a probe, once, by the agent) and one step's cgroup (I/O).
+
+Theory of operation. The agent probes ``/proc/self/mountinfo``, ``/proc/self/cgroup`` and
+``cgroup.controllers`` once at start and picks a mode:
+
+- ``v2``: a cgroup2 mount. Tracking, ``cgroup.kill``, ``cgroup.freeze`` and ``cgroup.events``
+  need no controller; memory is enforced only where the ``memory`` controller can be enabled.
+  Chosen by ``auto`` when that mount offers the memory controller (a pure v2 host).
+- ``v1``: the v1 hierarchies that exist among memory, pids, freezer and cpuacct, one directory
+  in each. Chosen by ``auto`` when v2 has no memory controller but v1 has (hybrid hosts, this
+  one: cgroup2 at /sys/fs/cgroup/unified with no controllers, v1 memory nested under the
+  machine's own accounting cgroup).
+- ``none``: neither; steps are tracked by process group and session as before.
+
+Each step gets one directory per hierarchy, ``<own cgroup>/<base>/<job>.<attempt>`` (``base``
+absolute: from the hierarchy's root). The plan (``step_plan``) travels in the spec; the
+supervisor creates the directories before the first fork and puts each task in them before it
+execs by joining them itself around the fork (``joined``): Popen has no way to place a child,
+and after exec a task could fork before being moved. The supervisor leaves again at once, so it
+is outside when an OOM victim is chosen (charges it made meanwhile stay where they were made).
+
+Every write goes through ``os.write`` so that cgroupfs errors surface (a buffered write would
+report them at close, where they are easy to lose).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import signal
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+MODES = ("v2", "v1", "none")
+#: the v1 hierarchies a step uses (cpuset is probed and reported, never used: affinity is set
+#: on each task already, and a cpuset cgroup needs cpus and mems filled in before use)
+V1_KINDS = ("memory", "pids", "freezer", "cpuacct")
+UNIFIED = "unified"
+#: how long a freeze may take to settle before the kill goes on regardless
+FREEZE_TIMEOUT = 1.0
+#: cgroup2 forbids processes in a cgroup whose children have controllers: the agent (and the
+#: supervisors it starts after) move to this leaf of their own cgroup to enable them
+LEAF = "tether-leaf"
+#: kill passes over the remaining pids (each catches what forked during the last)
+KILL_PASSES = 20
+
+
+class CgroupError(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class Mount:
+    point: str
+    fstype: str  #: "cgroup" (v1) or "cgroup2"
+    controllers: frozenset[str]  #: v1: from the super options; v2: empty (see cgroup.controllers)
+
+
+def parse_mountinfo(text: str) -> list[Mount]:
+    """The cgroup mounts in a ``/proc/PID/mountinfo``. Pure."""
+    mounts = []
+    for line in text.splitlines():
+        pre, sep, post = line.partition(" - ")
+        if not sep:
+            continue
+        fields, tail = pre.split(), post.split()
+        if len(fields) < 5 or len(tail) < 3 or tail[0] not in ("cgroup", "cgroup2"):
+            continue
+        point = fields[4].replace("\\040", " ")
+        opts = set(tail[2].split(",")) if tail[0] == "cgroup" else set()
+        mounts.append(Mount(point, tail[0], frozenset(opts)))
+    return mounts
+
+
+def parse_proc_cgroup(text: str) -> dict[str, str]:
+    """``/proc/PID/cgroup`` as {hierarchy kind: path}; the cgroup2 line is ``unified``. Pure."""
+    own: dict[str, str] = {}
+    for line in text.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        _, names, path = parts
+        if names == "":
+            own[UNIFIED] = path
+        for name in names.split(","):
+            if name:
+                own[name] = path
+    return own
+
+
+@dataclass
+class Host:
+    """What the probe found, and the mode chosen. JSON-able through ``to_dict``."""
+
+    mode: str
+    #: kind -> the directory of this process's own cgroup in that hierarchy
+    own: dict[str, str] = field(default_factory=dict)
+    #: kind -> the hierarchy's mount point
+    roots: dict[str, str] = field(default_factory=dict)
+    #: kinds that exist but are not used by the mode (reported)
+    available: list[str] = field(default_factory=list)
+    #: memory limits can be enforced
+    memory: bool = False
+    note: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"mode": self.mode, "memory_enforced": self.memory,
+                "hierarchies": sorted(self.own), "available": self.available,
+                "note": self.note}
+
+
+def choose(mounts: list[Mount], own_paths: dict[str, str], v2_controllers: set[str],
+           want: str = "auto") -> Host:
+    """Pick the mode from what the probe read. Pure: ``v2_controllers`` is the cgroup2 mount's
+    ``cgroup.controllers`` at the agent's own cgroup (what its children could get)."""
+    v2 = next((m for m in mounts if m.fstype == "cgroup2"), None)
+    v1: dict[str, str] = {}
+    roots: dict[str, str] = {}
+    for kind in (*V1_KINDS, "cpuset"):
+        m = next((m for m in mounts if m.fstype == "cgroup" and kind in m.controllers), None)
+        if m is not None and kind in own_paths:
+            v1[kind] = _join(m.point, own_paths[kind])
+            roots[kind] = m.point
+    if v2 is not None:
+        roots[UNIFIED] = v2.point
+    v2_own = own_paths.get(UNIFIED, "/")
+    if os.path.basename(v2_own) == LEAF:  # moved there by ``enable_v2_controllers``
+        v2_own = os.path.dirname(v2_own)
+    v2_dir = _join(v2.point, v2_own) if v2 is not None else None
+    available = sorted([*v1, *([UNIFIED] if v2_dir else [])])
+    if want == "auto":
+        if v2_dir and "memory" in v2_controllers:
+            want = "v2"
+        elif any(k in v1 for k in ("memory", "freezer")):
+            want = "v1"
+        elif v2_dir:
+            want = "v2"
+        else:
+            want = "none"
+    if want == "v2":
+        if not v2_dir:
+            return Host("none", available=available, note="no cgroup2 mount")
+        mem = "memory" in v2_controllers
+        return Host("v2", {UNIFIED: v2_dir}, {UNIFIED: roots[UNIFIED]}, available, mem,
+                    "" if mem else "no memory controller in cgroup2: memory is not enforced")
+    if want == "v1":
+        used = {k: v for k, v in v1.items() if k in V1_KINDS}
+        if not used:
+            return Host("none", available=available, note="no cgroup v1 hierarchy to use")
+        mem = "memory" in used
+        return Host("v1", used, {k: roots[k] for k in used}, available, mem,
+                    "" if mem else "no v1 memory hierarchy: memory is not enforced")
+    return Host("none", available=available, note="cgroups not used")
+
+
+def probe(want: str = "auto") -> Host:
+    """Read this process's view of the host (I/O) and choose."""
+    if want == "none":
+        return Host("none", note="cgroups turned off")
+    try:
+        with open("/proc/self/mountinfo") as f:
+            mounts = parse_mountinfo(f.read())
+        with open("/proc/self/cgroup") as f:
+            own = parse_proc_cgroup(f.read())
+    except OSError as exc:
+        return Host("none", note=f"cannot read the cgroup layout: {exc}")
+    controllers: set[str] = set()
+    v2 = next((m for m in mounts if m.fstype == "cgroup2"), None)
+    if v2 is not None:
+        path = os.path.join(_join(v2.point, own.get(UNIFIED, "/")), "cgroup.controllers")
+        with contextlib.suppress(OSError), open(path) as f:
+            controllers = set(f.read().split())
+    return choose(mounts, own, controllers, want)
+
+
+def enable_v2_controllers(own: str, base: str) -> None:
+    """Give ``base`` (below ``own``) and the steps' cgroups in it memory and pids controllers.
+
+    cgroup2's "no internal processes" rule: a cgroup that holds processes cannot hand
+    controllers to its children, so when ``own`` refuses (EBUSY) every process in it (the agent,
+    supervisors of an earlier agent) moves to ``own/tether-leaf`` first; the probe reads that
+    leaf as ``own`` again. Raises OSError."""
+    with open(os.path.join(own, "cgroup.controllers")) as f:
+        have = set(f.read().split())
+    want = " ".join(f"+{c}" for c in ("memory", "pids") if c in have)
+    if not want:
+        return
+    try:
+        write(os.path.join(own, "cgroup.subtree_control"), want)
+    except OSError as exc:
+        if exc.errno != errno.EBUSY:
+            raise
+        leaf = os.path.join(own, LEAF)
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(leaf, 0o755)
+        for pid in procs_of(own):
+            with contextlib.suppress(ProcessLookupError):
+                write(os.path.join(leaf, "cgroup.procs"), str(pid))
+        write(os.path.join(own, "cgroup.subtree_control"), want)
+    rel = os.path.relpath(base, own)
+    if rel.startswith(".."):  # an absolute base elsewhere: its own ancestors are the operator's
+        write(os.path.join(base, "cgroup.subtree_control"), want)
+        return
+    path = own
+    for part in rel.split("/"):
+        path = os.path.join(path, part)
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(path, 0o755)
+        write(os.path.join(path, "cgroup.subtree_control"), want)
+
+
+def _join(root: str, path: str) -> str:
+    return os.path.normpath(os.path.join(root, path.lstrip("/")))
+
+
+def base_dirs(host: Host, base: str) -> dict[str, str]:
+    """kind -> the directory under which steps' cgroups go (``base`` relative to the agent's
+    own cgroup, or absolute from each hierarchy's root)."""
+    return {kind: _join(host.roots[kind] if base.startswith("/") else own, base)
+            for kind, own in host.own.items()}
+
+
+def step_name(job: int, attempt: int) -> str:
+    return f"{job}.{attempt}"
+
+
+def step_plan(mode: str, bases: dict[str, str], job: int, attempt: int, memory_mb: int,
+              memory: bool) -> dict[str, Any]:
+    """What the supervisor needs, in the spec. ``memory_mb`` 0 is unlimited but accounted."""
+    if mode == "none" or not bases:
+        return {"mode": "none"}
+    name = step_name(job, attempt)
+    return {"mode": mode, "dirs": {k: os.path.join(v, name) for k, v in sorted(bases.items())},
+            "memory_mb": memory_mb if memory else 0}
+
+
+# ---- file helpers ------------------------------------------------------------------------------
+
+
+def write(path: str, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+
+
+def read(path: str) -> str:
+    with open(path) as f:
+        return f.read()
+
+
+def read_keyed(path: str) -> dict[str, int]:
+    """A flat-keyed file (``memory.events``, ``memory.oom_control``, ``cpu.stat``)."""
+    out = {}
+    with contextlib.suppress(OSError):
+        for line in read(path).splitlines():
+            parts = line.split()
+            if len(parts) == 2 and parts[1].lstrip("-").isdigit():
+                out[parts[0]] = int(parts[1])
+    return out
+
+
+def _read_int(path: str) -> int | None:
+    try:
+        text = read(path).strip()
+    except OSError:
+        return None
+    return int(text) if text.lstrip("-").isdigit() else None
+
+
+def procs_of(path: str) -> set[int]:
+    try:
+        return {int(p) for p in read(os.path.join(path, "cgroup.procs")).split()}
+    except FileNotFoundError:
+        return set()
+
+
+# ---- one step's cgroup ---------------------------------------------------------------------
+
+
+class StepCgroup:
+    """The step's directories (one per hierarchy) and what can be done with them."""
+
+    def __init__(self, plan: dict[str, Any]) -> None:
+        self.mode = str(plan.get("mode", "none"))
+        self.dirs: dict[str, str] = dict(plan.get("dirs", {})) if self.mode != "none" else {}
+        self.memory_mb = int(plan.get("memory_mb", 0))
+        #: where this process was before joining (kind -> its own cgroup's directory)
+        self._home: dict[str, str] = {}
+
+    @property
+    def active(self) -> bool:
+        return bool(self.dirs)
+
+    def exists(self) -> bool:
+        return any(os.path.isdir(d) for d in self.dirs.values())
+
+    def create(self) -> None:
+        """The directories and the memory limit (no swap beyond it). Raises CgroupError."""
+        try:
+            for kind, path in self.dirs.items():
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(path, 0o755)
+                if kind == "memory" and self.memory_mb:
+                    limit = str(self.memory_mb << 20)
+                    write(os.path.join(path, "memory.limit_in_bytes"), limit)
+                    memsw = os.path.join(path, "memory.memsw.limit_in_bytes")
+                    if os.path.exists(memsw):
+                        write(memsw, limit)
+                elif kind == UNIFIED and self.memory_mb and os.path.exists(
+                        os.path.join(path, "memory.max")):
+                    write(os.path.join(path, "memory.max"), str(self.memory_mb << 20))
+                    swap = os.path.join(path, "memory.swap.max")
+                    if os.path.exists(swap):
+                        write(swap, "0")
+        except OSError as exc:
+            raise CgroupError(f"cannot create the step's cgroup: {exc}") from None
+
+    @contextlib.contextmanager
+    def joined(self) -> Iterator[None]:
+        """This process (every thread) inside the step's cgroups for the duration: a child
+        forked meanwhile starts there. Back home after, whatever happens."""
+        if not self._home:
+            with open("/proc/self/cgroup") as f:
+                mine = parse_proc_cgroup(f.read())
+            for kind, path in self.dirs.items():
+                rel = mine.get(kind if kind != UNIFIED else UNIFIED, "/")
+                root = _mount_root(path, self.dirs, kind)
+                self._home[kind] = _join(root, rel)
+        pid = str(os.getpid())
+        entered = []
+        try:
+            for kind, path in self.dirs.items():
+                try:
+                    write(os.path.join(path, "cgroup.procs"), pid)
+                except OSError as exc:
+                    raise CgroupError(f"cannot enter the step's cgroup {path}: {exc}") \
+                        from None
+                entered.append(kind)
+            yield
+        finally:
+            for kind in entered:
+                try:
+                    write(os.path.join(self._home[kind], "cgroup.procs"), pid)
+                except OSError:  # never stay inside: the home's parent takes us
+                    write(os.path.join(os.path.dirname(self._home[kind]), "cgroup.procs"),
+                          pid)
+
+    def procs(self) -> set[int]:
+        pids: set[int] = set()
+        for path in self.dirs.values():
+            pids |= procs_of(path)
+        return pids
+
+    def empty(self) -> bool:
+        return not self.procs()
+
+    def signal_all(self, sig: int) -> int:
+        n = 0
+        for pid in self.procs():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+                n += 1
+        return n
+
+    def _freezer(self) -> tuple[str, str, str] | None:
+        """(file, frozen value, thawed value) of the freezer, if any."""
+        if "freezer" in self.dirs:
+            return (os.path.join(self.dirs["freezer"], "freezer.state"), "FROZEN", "THAWED")
+        if UNIFIED in self.dirs and os.path.exists(os.path.join(self.dirs[UNIFIED],
+                                                                "cgroup.freeze")):
+            return (os.path.join(self.dirs[UNIFIED], "cgroup.freeze"), "1", "0")
+        return None
+
+    @property
+    def can_freeze(self) -> bool:
+        return self._freezer() is not None
+
+    def freeze(self, wait: float = FREEZE_TIMEOUT) -> bool:
+        """Freeze the step; True once the kernel says it is frozen (within ``wait``)."""
+        fz = self._freezer()
+        if fz is None:
+            raise CgroupError("this step's cgroup has no freezer")
+        try:
+            write(fz[0], fz[1])
+        except OSError as exc:
+            raise CgroupError(f"cannot freeze the step: {exc}") from None
+        deadline = time.monotonic() + wait
+        while not self.frozen():
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.001)
+        return True
+
+    def thaw(self) -> None:
+        fz = self._freezer()
+        if fz is None:
+            return
+        try:
+            write(fz[0], fz[2])
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            raise CgroupError(f"cannot thaw the step: {exc}") from None
+
+    def frozen(self) -> bool:
+        if "freezer" in self.dirs:
+            try:
+                return read(os.path.join(self.dirs["freezer"], "freezer.state")).strip() \
+                    == "FROZEN"
+            except OSError:
+                return False
+        if UNIFIED in self.dirs:
+            return read_keyed(os.path.join(self.dirs[UNIFIED], "cgroup.events")).get(
+                "frozen") == 1
+        return False
+
+    def kill(self) -> None:
+        """SIGKILL every process of the step: v2 ``cgroup.kill``; otherwise freeze (nothing can
+        fork meanwhile), kill every pid, thaw (the kills land). Does not wait: see ``empty``."""
+        unified = self.dirs.get(UNIFIED)
+        if unified and os.path.exists(os.path.join(unified, "cgroup.kill")):
+            try:
+                write(os.path.join(unified, "cgroup.kill"), "1")
+                return
+            except FileNotFoundError:
+                return
+            except OSError:
+                pass  # fall back to the pid by pid kill below
+        fz = self._freezer()
+        frozen = False
+        if fz is not None:
+            with contextlib.suppress(CgroupError):
+                frozen = self.freeze()
+        try:
+            for _ in range(1 if frozen else KILL_PASSES):
+                if not self.signal_all(signal.SIGKILL):
+                    break
+        finally:
+            if fz is not None:
+                with contextlib.suppress(CgroupError):
+                    self.thaw()
+
+    def kill_and_wait(self, timeout: float = 2.0) -> bool:
+        """Kill, then wait (bounded) until no process is left. True if empty."""
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.empty():
+                return True
+            self.kill()
+            if time.monotonic() > deadline:
+                return self.empty()
+            time.sleep(0.001)
+
+    def remove(self) -> bool:
+        """rmdir every directory; True when none is left. Never raises."""
+        ok = True
+        for path in self.dirs.values():
+            try:
+                os.rmdir(path)
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                if exc.errno != errno.ENOENT:
+                    ok = False
+        return ok
+
+    def oom_kills(self) -> int:
+        """How many processes the OOM killer took in this cgroup (0 where not counted)."""
+        if "memory" in self.dirs:
+            return read_keyed(os.path.join(self.dirs["memory"], "memory.oom_control")).get(
+                "oom_kill", 0)
+        if UNIFIED in self.dirs:
+            return read_keyed(os.path.join(self.dirs[UNIFIED], "memory.events")).get(
+                "oom_kill", 0)
+        return 0
+
+    def stats(self) -> dict[str, Any]:
+        """Memory current and peak (bytes), CPU seconds and pids, from the kernel's counters;
+        None where this host does not count it."""
+        mem_cur = mem_peak = cpu = None
+        if "memory" in self.dirs:
+            d = self.dirs["memory"]
+            mem_cur = _read_int(os.path.join(d, "memory.usage_in_bytes"))
+            mem_peak = _read_int(os.path.join(d, "memory.max_usage_in_bytes"))
+        elif UNIFIED in self.dirs:
+            d = self.dirs[UNIFIED]
+            mem_cur = _read_int(os.path.join(d, "memory.current"))
+            mem_peak = _read_int(os.path.join(d, "memory.peak"))
+        if "cpuacct" in self.dirs:
+            ns = _read_int(os.path.join(self.dirs["cpuacct"], "cpuacct.usage"))
+            cpu = None if ns is None else round(ns / 1e9, 3)
+        elif UNIFIED in self.dirs:
+            usec = read_keyed(os.path.join(self.dirs[UNIFIED], "cpu.stat")).get("usage_usec")
+            cpu = None if usec is None else round(usec / 1e6, 3)
+        return {"mode": self.mode, "memory_current": mem_cur, "memory_peak": mem_peak,
+                "memory_limit_mb": self.memory_mb or None, "cpu_seconds": cpu,
+                "pids": len(self.procs()), "frozen": self.frozen()}
+
+
+def _mount_root(path: str, dirs: dict[str, str], kind: str) -> str:
+    """The mount point of ``kind``'s hierarchy, from the mount table (cached)."""
+    global _MOUNTS
+    if _MOUNTS is None:
+        with open("/proc/self/mountinfo") as f:
+            _MOUNTS = parse_mountinfo(f.read())
+    for m in _MOUNTS:
+        if (kind == UNIFIED and m.fstype == "cgroup2") or (
+                m.fstype == "cgroup" and kind in m.controllers):
+            return m.point
+    raise CgroupError(f"no mount for the {kind} hierarchy")
+
+
+_MOUNTS: list[Mount] | None = None
+
+
+def remove_tree(top: str) -> bool:
+    """Kill everything under ``top`` (a directory in one hierarchy) and remove it, deepest first.
+    For the agent's orphans and the tests' clean-up. True when it is gone."""
+    if not os.path.isdir(top):
+        return True
+    for dirpath, dirnames, _ in os.walk(top, topdown=False):
+        for d in dirnames:
+            _kill_dir(os.path.join(dirpath, d))
+    _kill_dir(top)
+    return not os.path.isdir(top)
+
+
+def _kill_dir(path: str) -> None:
+    plan = {"mode": "x", "dirs": {_kind_of(path): path}}
+    cg = StepCgroup(plan)
+    cg.kill_and_wait(1.0)
+    cg.remove()
+
+
+def _kind_of(path: str) -> str:
+    global _MOUNTS
+    if _MOUNTS is None:
+        with open("/proc/self/mountinfo") as f:
+            _MOUNTS = parse_mountinfo(f.read())
+    best: Mount | None = None
+    for m in _MOUNTS:
+        if (path + "/").startswith(m.point.rstrip("/") + "/") and (
+                best is None or len(m.point) > len(best.point)):
+            best = m
+    if best is None:
+        return "none"
+    if best.fstype == "cgroup2":
+        return UNIFIED
+    for kind in (*V1_KINDS, "cpuset"):
+        if kind in best.controllers:
+            return kind
+    return "other"
