@@ -52,6 +52,7 @@ from tether.supervisor.launch import Launcher, LaunchFailed, Opened, Opener, out
 from tether.supervisor.pmi import Abort, Broken, Finalized, Output, PmiServer, ProtocolError, Send
 from tether.supervisor.pmi_io import PmiChannels, clean_env
 from tether.supervisor.step import Phase, Step, bounded, signal_name
+from tether.supervisor.sweeper import HOLD, Sweeper
 
 log = logging.getLogger("tether.supervisor")
 
@@ -131,6 +132,11 @@ class Supervisor:
         self.record_durable = False
         self.kill_timer: Timer | None = None
         self.drain_timer: Timer | None = None
+        #: finds leftover children while draining, off the loop (sweeper.py)
+        self.sweeper = Sweeper(rd.path if HOLD in os.environ.get("TETHER_SUPERVISOR_FAULT", "")
+                               else None)
+        #: children found by the last scan, killed and not yet reaped
+        self.leftovers = 0
         self.claim_timer: Timer | None = None
         self.router: zmq.Socket[Any] | None = None
         self.door: Door | None = None
@@ -199,6 +205,7 @@ class Supervisor:
         poller = self.poller
         poller.register(self.router, zmq.POLLIN)
         poller.register(wake_r, zmq.POLLIN)
+        poller.register(self.sweeper.fileno(), zmq.POLLIN)
         if self.door is not None:
             poller.register(self.door.fileno(), zmq.POLLIN)
         status = 0
@@ -214,6 +221,8 @@ class Supervisor:
                         self.door.service()
                     if self.opener is not None and self.opener.sock.fileno() in events:
                         self.opener_ready()
+                    if self.sweeper.fileno() in events:
+                        self.swept()
                     if self.upgrade_requested:
                         self.upgrade_requested = False
                         ctx = self.reexec(ctx)  # returns only if exec failed
@@ -240,6 +249,7 @@ class Supervisor:
                 os.close(self.door_fd)
             if self.channels is not None:
                 self.channels.close_all()
+            self.sweeper.close()
             if self.remove_rundir:
                 shutil.rmtree(self.rd.path, ignore_errors=True)
             else:
@@ -252,7 +262,7 @@ class Supervisor:
             if task.pid and not task.done:
                 _killpg(task.pid, signal.SIGKILL)
         with contextlib.suppress(Exception):
-            self.sweep()
+            self.sweep_now()
 
     def signal_ready(self) -> None:
         if self.ready_fd < 0:
@@ -303,6 +313,9 @@ class Supervisor:
             self.reap()
         for sig in got & set(IGNORED_SIGNALS):
             log.warning("received %s: ignored", signal_name(sig))
+            if sig == signal.SIGUSR2 and "error-on-usr2" in os.environ.get(
+                    "TETHER_SUPERVISOR_FAULT", ""):
+                raise RuntimeError("test fault: an error nothing in the loop expects")
         for sig in got & set(TERMINATING):
             log.warning("received %s: terminating the step", signal_name(sig))
             self.terminate(grace=float(self.spec.get("kill_grace", 10)), cancel=False,
@@ -580,6 +593,7 @@ class Supervisor:
                 _, status, rusage = os.wait4(pid, os.WNOHANG)
             except ChildProcessError:
                 continue
+            self.sweeper.note_reaped(pid)
             self.launcher.reaped(pid, status)
             if task is not None:
                 task.record_status(status, rusage)
@@ -599,11 +613,36 @@ class Supervisor:
             if self.kill_timer:
                 self.kill_timer.cancel()
             self.drain_timer = self.timers.at(time.monotonic() + DRAIN_TIMEOUT, self.finish)
-        if self.step.phase is Phase.DRAINING and self.sweep() == 0:
+        if self.step.phase is Phase.DRAINING:
+            self.sweeper.start()  # answered in swept(), on this loop
+
+    def swept(self) -> None:
+        """The scan for leftover children is in: SIGKILL them; the step ends once a scan
+        that no reap overtook finds none. Their deaths reap, and reaping scans again."""
+        try:
+            found = self.sweeper.result()
+        except OSError as exc:  # /proc unreadable: the drain timer still ends the step
+            log.error("cannot look for leftover processes: %s", exc)
+            return
+        for f in found:
+            if f.dead:
+                continue
+            try:
+                os.kill(f.pid, signal.SIGKILL)  # unreaped, so still our child: safe by pid
+                log.info("killed leftover process %d", f.pid)
+            except OSError as exc:  # gone meanwhile, or setuid: counted, logged
+                log.warning("cannot kill leftover process %d: %s", f.pid, exc)
+        self.leftovers = len(found)
+        if self.step.phase is not Phase.DRAINING:
+            return
+        if self.sweeper.again:
+            self.sweeper.start()
+        elif not found:
             self.finish()
 
-    def sweep(self) -> int:
-        """SIGKILL every remaining child (adopted daemons); return how many are left."""
+    def sweep_now(self) -> int:
+        """SIGKILL every remaining child (adopted daemons), on the spot; return how many are
+        left. Only for a supervisor giving up: nothing reaps meanwhile, nothing waits."""
         me = os.getpid()
         left = 0
         for st in all_processes():
@@ -622,7 +661,7 @@ class Supervisor:
             return
         if self.drain_timer:
             self.drain_timer.cancel()
-        left = self.sweep()
+        left = self.leftovers
         if left:
             log.error("%d leftover process(es) survived SIGKILL for %gs; ending the step anyway",
                       left, DRAIN_TIMEOUT)
