@@ -70,6 +70,7 @@ def status(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
                            "pid": os.getpid(), "state_dir": agent.cfg.state_dir}
     out.update(agent.ledger.usage())
     out["jobs"] = agent.db.counts()
+    out["db_syncs"] = agent.db.syncs  # group commit: fsyncs of the database so far
     return out
 
 
