@@ -164,9 +164,11 @@ def supervisors(state: str) -> dict[int, int]:
     return found
 
 
-def chaos(agent: Agent, tally: Tally, rng: random.Random, stop: threading.Event) -> None:
-    """Kill the agent (SIGKILL or SIGTERM) every 2-6 s and start it again at once."""
-    while not stop.wait(rng.uniform(2.0, 6.0)):
+def chaos(agent: Agent, tally: Tally, rng: random.Random, stop: threading.Event,
+          every: tuple[float, float]) -> None:
+    """Kill the agent (SIGKILL or SIGTERM) every ``every`` seconds (2-6 s) and start it again
+    at once."""
+    while not stop.wait(rng.uniform(*every)):
         with agent.lock:
             agent.stop(rng.choice([signal.SIGKILL, signal.SIGTERM]))
             agent.start()
@@ -317,7 +319,7 @@ def run(args: argparse.Namespace) -> int:
         agent.start()
         threads = [
             threading.Thread(target=chaos, args=(agent, tally, random.Random(args.seed + 1),
-                                                 stop_chaos), daemon=True),
+                                                 stop_chaos, args.restart_every), daemon=True),
             threading.Thread(target=sample, args=(agent, tally, stop_sampling, args.sample),
                              daemon=True),
             threading.Thread(target=kill_supervisors,
@@ -394,6 +396,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="keep the chaos going at least this long (and until every job ended)")
     p.add_argument("--min-restarts", type=int, default=50)
     p.add_argument("--min-sup-kills", type=int, default=20)
+    p.add_argument("--restart-every", type=float, nargs=2, default=(2.0, 6.0),
+                   metavar=("MIN", "MAX"), help="seconds between agent kills (uniform)")
     p.add_argument("--sup-every", type=float, default=6.0,
                    help="seconds between supervisor kills, on average")
     p.add_argument("--sample", type=float, default=0.5, help="seconds between samples")

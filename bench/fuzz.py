@@ -1,24 +1,33 @@
-"""Fuzz: malformed frames at the agent's socket and a running step's supervisor; none may die.
+"""Fuzz: malformed frames at every socket of the agent and of a running step's supervisor; none
+may die.
 
     python -m bench.fuzz                    # the release run: 10,000 frames per socket
     python -m bench.fuzz --frames 2000
 
-Frames: random bytes, random msgpack (huge and negative integers, floats, bytes, deep nesting,
-maps with odd keys), envelopes with known and unknown kinds and random arguments, multi-part
-messages and large strings. Requests that would change something legitimately (submit, cancel,
-claim, ack, terminate, signal, abort) are left out: they are answered, not survived. After every
-500 frames and at the end each daemon must be the same process (boot id, pid, start ticks) and
-answer a valid request. It prints the figures and exits 1 on any death or silence.
+Three sockets, each in its own wire format: the agent's door and the supervisor's door (plain
+AF_UNIX streams, a 4-byte length then msgpack: ``shared/framing.py``) and the supervisor's
+ROUTER in ``ctl/`` (ZeroMQ, the agent's only). Frames: random bytes, random msgpack (huge and
+negative integers, floats, bytes, deep nesting, maps with odd keys), envelopes with known and
+unknown kinds and random arguments, multi-part messages and large strings; at a door also
+declared lengths over the limit and bytes with no frame header, after which the door closes the
+connection and the fuzzer connects again (``reconnects``). Requests that would change something
+legitimately (submit, cancel, claim, ack, terminate, signal, abort) are left out: they are
+answered, not survived. After every 500 frames and at the end each daemon must be the same
+process (boot id, pid, start ticks) and answer a valid request. It prints the figures and exits
+1 on any death or silence.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
+import select
 import shutil
 import signal
+import socket
 import sys
 import tempfile
 import time
@@ -29,10 +38,11 @@ import zmq
 
 from bench.chaos import Agent, call
 from bench.common import kill_tree
-from tether.shared import records
+from tether.shared import framing, records
 from tether.shared.client import Client
 from tether.shared.errors import TetherError
 from tether.shared.procid import ProcId
+from tether.shared.zmq_client import Client as ZmqClient
 
 AGENT_KINDS = ["hello", "status", "list", "show", "wait"]
 SUPERVISOR_KINDS = ["hello", "state", "info", "pids", "stats", "output", "events", "pmi", "wait"]
@@ -99,24 +109,89 @@ def frames(rng: random.Random, kinds: list[str]) -> list[bytes]:
     return [pack(envelope)]
 
 
+def door_bytes(rng: random.Random, kinds: list[str]) -> tuple[bytes, bool]:
+    """What one fuzz step sends to a door, and whether it breaks the stream (the door closes
+    the connection: a declared length over the limit, or bytes with no header)."""
+    pick = rng.randrange(20)
+    if pick == 0:
+        return framing.HEADER.pack(rng.choice([framing.MAX_FRAME + 1, 2**32 - 1])), True
+    if pick == 1:
+        return b"\xff" + os.urandom(rng.randrange(0, 100)), True  # no header (ZMTP-like)
+    return b"".join(framing.frame(p[:framing.MAX_FRAME]) for p in frames(rng, kinds)), False
+
+
 class Target:
-    def __init__(self, name: str, path: str, ident: ProcId, probe: str) -> None:
+    def __init__(self, name: str, path: str, ident: ProcId, probe: str, door: bool) -> None:
         self.name, self.path, self.ident, self.probe = name, path, ident, probe
-        self.sent = self.replies = 0
+        self.door = door
+        self.sent = self.replies = self.reconnects = 0
         self.deaths = 0
 
     def healthy(self) -> bool:
         if not self.ident.alive():
             return False
         try:
-            with Client(self.path, timeout=5.0) as c:
+            with (Client(self.path, timeout=5.0) if self.door
+                  else ZmqClient(self.path, timeout=5.0)) as c:
                 c.call(self.probe, {})
         except TetherError:
             return False
         return True
 
 
+def fuzz_door(target: Target, count: int, rng: random.Random, kinds: list[str]) -> None:
+    conn: tuple[socket.socket, framing.Deframer] | None = None
+    try:
+        for i in range(count):
+            if conn is None:
+                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                sock.settimeout(10.0)
+                sock.connect(target.path)
+                conn = (sock, framing.Deframer())
+            data, breaks = door_bytes(rng, kinds)
+            target.sent += 1
+            try:
+                conn[0].sendall(data)
+                target.replies += _drain(*conn, 0.0)
+            except (OSError, ValueError):  # closed on this frame or an earlier one
+                breaks = True
+            if breaks:
+                conn[0].close()
+                conn = None
+                target.reconnects += 1
+            if (i + 1) % 500 == 0:
+                if conn is not None:
+                    with contextlib.suppress(OSError, ValueError):
+                        target.replies += _drain(*conn, 0.0)
+                if not target.healthy():
+                    target.deaths += 1
+                    return
+        if conn is not None:  # the last replies: every frame was read and answered
+            with contextlib.suppress(OSError, ValueError):
+                target.replies += _drain(*conn, 0.5)
+    finally:
+        if conn is not None:
+            conn[0].close()
+
+
+def _drain(sock: socket.socket, deframer: framing.Deframer, wait: float) -> int:
+    """Read what the door has answered so far (unread replies would make it stop reading this
+    connection); return how many reply frames came."""
+    n = 0
+    while select.select([sock], [], [], wait)[0]:
+        data = sock.recv(1 << 16)
+        if not data:
+            raise ConnectionResetError("the door closed the connection")
+        deframer.feed(data)
+        while deframer.next() is not None:
+            n += 1
+    return n
+
+
 def fuzz(target: Target, count: int, rng: random.Random, kinds: list[str]) -> None:
+    if target.door:
+        fuzz_door(target, count, rng, kinds)
+        return
     ctx: zmq.Context[Any] = zmq.Context.instance()
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
@@ -130,12 +205,15 @@ def fuzz(target: Target, count: int, rng: random.Random, kinds: list[str]) -> No
                 sock.recv_multipart()
                 target.replies += 1
             if (i + 1) % 500 == 0:
-                while sock.poll(200, zmq.POLLIN):  # let it catch up before the health check
+                while sock.poll(0, zmq.POLLIN):
                     sock.recv_multipart()
                     target.replies += 1
                 if not target.healthy():
                     target.deaths += 1
                     return
+        while sock.poll(500, zmq.POLLIN):  # the last replies: every frame was answered
+            sock.recv_multipart()
+            target.replies += 1
     finally:
         sock.close(linger=0)
 
@@ -166,10 +244,11 @@ def run(args: argparse.Namespace) -> int:
             time.sleep(0.05)
         agent_ident = ProcId.of(agent.proc.pid)
         assert agent_ident is not None
+        sup = ProcId.from_dict(man["supervisor"])
         targets = [
-            (Target("agent", agent.layout.sock, agent_ident, "status"), AGENT_KINDS),
-            (Target("supervisor", rd.sock, ProcId.from_dict(man["supervisor"]), "state"),
-             SUPERVISOR_KINDS),
+            (Target("agent", agent.layout.sock, agent_ident, "status", True), AGENT_KINDS),
+            (Target("supervisor", rd.sock, sup, "state", True), SUPERVISOR_KINDS),
+            (Target("supervisor_ctl", rd.ctl_sock, sup, "state", False), SUPERVISOR_KINDS),
         ]
         for target, kinds in targets:
             fuzz(target, args.frames, rng, kinds)
@@ -186,6 +265,8 @@ def run(args: argparse.Namespace) -> int:
     for target, _ in targets:
         figures[f"{target.name}_frames"] = target.sent
         figures[f"{target.name}_replies"] = target.replies
+        if target.door:
+            figures[f"{target.name}_reconnects"] = target.reconnects
         figures[f"{target.name}_deaths"] = target.deaths
     for key, val in figures.items():
         print(f"{key:>20}: {val}")
