@@ -55,6 +55,7 @@ from tether.agent.spawn import Spawner, SpawnError
 from tether.shared import protocol
 from tether.shared.door import Conn, Door, answer
 from tether.shared.errors import RemoteError, TetherError
+from tether.shared.faults import agent_fault
 from tether.shared.parking import Lot
 from tether.shared.paths import Layout, RunDir
 from tether.shared.procid import ProcId, proc_stat
@@ -138,7 +139,7 @@ class Agent:
         self.spawner = Spawner(self.layout, self.timers,
                                watch=lambda fd: self.poller.register(fd, zmq.POLLIN),
                                unwatch=self.poller.unregister,
-                               use_template="no-template" not in cfg.faults)
+                               use_template=not agent_fault(cfg.faults, "no-template"))
         #: what this turn of the loop tells anyone or does to a process, held until the turn's
         #: commits are durable (``hold``, ``flush``): replies, spawns, requests to supervisors
         self.held: deque[Callable[[], None]] = deque()
@@ -478,7 +479,7 @@ class Agent:
         if new is machine and not effects:
             return
         log.debug("job %d: %r + %r -> %r: %r", job_id, machine, event, new, effects)
-        if "skip-ack" in self.cfg.faults and isinstance(event, lifecycle.ExitRecord):
+        if agent_fault(self.cfg.faults, "skip-ack") and isinstance(event, lifecycle.ExitRecord):
             log.warning("job %d: fault injection: not acknowledging", job_id)
             effects = [e for e in effects if not isinstance(e, lifecycle.Ack)]
         self.machines[job_id] = new
@@ -672,7 +673,8 @@ class Agent:
                 except StoreFull as exc:
                     self.feed(link.job, link.attempt, lifecycle.LinkError(message=exc.message))
                     return
-            if phase == "ready" and not m.cancel and "stall-before-claim" in self.cfg.faults:
+            if phase == "ready" and not m.cancel and agent_fault(self.cfg.faults,
+                                                                 "stall-before-claim"):
                 log.warning("job %d: fault injection: not claiming", link.job)
                 return
             self.feed(link.job, link.attempt, lifecycle.HelloAnswered(phase=str(phase)))

@@ -15,6 +15,7 @@ from tether.cli.errors import CliError
 def agent(state_dir: str, ns: argparse.Namespace) -> int:
     from tether.agent.daemon import Agent, AgentConfig, AgentError, allowed_cpus, memory_mb
     from tether.agent.db import SchemaError
+    from tether.shared.faults import agent_faults
     from tether.shared.paths import PathTooLong
 
     logging.basicConfig(level=ns.log_level, stream=sys.stderr,
@@ -25,7 +26,7 @@ def agent(state_dir: str, ns: argparse.Namespace) -> int:
         gpus=ns.gpus, memory_mb=memory_mb() if ns.memory_mb is None else ns.memory_mb,
         node=ns.node or socket.gethostname(), cancel_grace=ns.cancel_grace,
         claim_timeout=ns.claim_timeout, linger=ns.linger,
-        faults=frozenset(f for f in os.environ.get("TETHER_AGENT_FAULT", "").split(",") if f),
+        faults=agent_faults(),
         cluster=agent_cluster(ns),
     )
     try:

@@ -40,7 +40,7 @@ from typing import Any
 import zmq
 
 import tether
-from tether.shared import protocol, records, wire
+from tether.shared import faults, protocol, records, wire
 from tether.shared.door import Conn, Door, answer, listen_socket
 from tether.shared.errors import LaunchError, StateError, TetherError
 from tether.shared.parking import Lot, Parked
@@ -133,8 +133,7 @@ class Supervisor:
         self.kill_timer: Timer | None = None
         self.drain_timer: Timer | None = None
         #: finds leftover children while draining, off the loop (sweeper.py)
-        self.sweeper = Sweeper(rd.path if HOLD in os.environ.get("TETHER_SUPERVISOR_FAULT", "")
-                               else None)
+        self.sweeper = Sweeper(rd.path if faults.supervisor_fault(HOLD) else None)
         #: children found by the last scan, killed and not yet reaped
         self.leftovers = 0
         self.claim_timer: Timer | None = None
@@ -313,8 +312,7 @@ class Supervisor:
             self.reap()
         for sig in got & set(IGNORED_SIGNALS):
             log.warning("received %s: ignored", signal_name(sig))
-            if sig == signal.SIGUSR2 and "error-on-usr2" in os.environ.get(
-                    "TETHER_SUPERVISOR_FAULT", ""):
+            if sig == signal.SIGUSR2 and faults.supervisor_fault("error-on-usr2"):
                 raise RuntimeError("test fault: an error nothing in the loop expects")
         for sig in got & set(TERMINATING):
             log.warning("received %s: terminating the step", signal_name(sig))
@@ -509,7 +507,7 @@ class Supervisor:
         for task in self.step.tasks:
             if task.pid:
                 self.emit("task_started", rank=task.rank, pid=task.pid)
-        if "die-after-launch" in os.environ.get("TETHER_SUPERVISOR_FAULT", ""):
+        if faults.supervisor_fault("die-after-launch"):
             os.kill(os.getpid(), signal.SIGKILL)  # test-only: the crash window before "running"
         self.write_manifest()
         log.info("launched %d task(s): pids %s", self.step.ntasks,
