@@ -13,14 +13,14 @@ declared lengths over the limit and bytes with no frame header, after which the 
 connection and the fuzzer connects again (``reconnects``). Requests that would change something
 legitimately (submit, cancel, claim, ack, terminate, signal, abort) are left out: they are
 answered, not survived. After every 500 frames and at the end each daemon must be the same
-process (boot id, pid, start ticks) and answer a valid request. It prints the figures and exits
-1 on any death or silence.
+process (boot id, pid, start ticks) and answer a valid request, and every whole frame sent to a
+door must have had exactly one reply (``unanswered``: 0). It prints the figures and exits 1 on
+any death, silence or unanswered frame.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import random
@@ -38,7 +38,7 @@ import zmq
 
 from bench.chaos import Agent, call
 from bench.common import kill_tree
-from tether.shared import framing, records
+from tether.shared import framing, protocol, records
 from tether.shared.client import Client
 from tether.shared.errors import TetherError
 from tether.shared.procid import ProcId
@@ -109,15 +109,21 @@ def frames(rng: random.Random, kinds: list[str]) -> list[bytes]:
     return [pack(envelope)]
 
 
-def door_bytes(rng: random.Random, kinds: list[str]) -> tuple[bytes, bool]:
-    """What one fuzz step sends to a door, and whether it breaks the stream (the door closes
-    the connection: a declared length over the limit, or bytes with no header)."""
+def door_bytes(rng: random.Random, kinds: list[str]) -> tuple[bytes, int]:
+    """What one fuzz step sends to a door and how many whole frames that is, each of which must
+    be answered; 0 frames: it breaks the stream (a declared length over the limit, or bytes
+    with no header), and the door closes the connection."""
     pick = rng.randrange(20)
     if pick == 0:
-        return framing.HEADER.pack(rng.choice([framing.MAX_FRAME + 1, 2**32 - 1])), True
+        return framing.HEADER.pack(rng.choice([framing.MAX_FRAME + 1, 2**32 - 1])), 0
     if pick == 1:
-        return b"\xff" + os.urandom(rng.randrange(0, 100)), True  # no header (ZMTP-like)
-    return b"".join(framing.frame(p[:framing.MAX_FRAME]) for p in frames(rng, kinds)), False
+        return b"\xff" + os.urandom(rng.randrange(0, 100)), 0  # no header (ZMTP-like)
+    parts = frames(rng, kinds)
+    return b"".join(framing.frame(p[:framing.MAX_FRAME]) for p in parts), len(parts)
+
+
+#: the id of the request that marks "every frame before this one is answered"
+SYNC_ID = 2**31 - 7
 
 
 class Target:
@@ -125,6 +131,8 @@ class Target:
         self.name, self.path, self.ident, self.probe = name, path, ident, probe
         self.door = door
         self.sent = self.replies = self.reconnects = 0
+        #: whole frames sent to a door, each owed exactly one reply
+        self.owed = 0
         self.deaths = 0
 
     def healthy(self) -> bool:
@@ -140,6 +148,8 @@ class Target:
 
 
 def fuzz_door(target: Target, count: int, rng: random.Random, kinds: list[str]) -> None:
+    """Before each stream-breaking send and at every checkpoint, a valid request is sent and
+    everything up to its reply read: so every frame's reply is counted, and none is missed."""
     conn: tuple[socket.socket, framing.Deframer] | None = None
     try:
         for i in range(count):
@@ -148,30 +158,50 @@ def fuzz_door(target: Target, count: int, rng: random.Random, kinds: list[str]) 
                 sock.settimeout(10.0)
                 sock.connect(target.path)
                 conn = (sock, framing.Deframer())
-            data, breaks = door_bytes(rng, kinds)
+            data, owed = door_bytes(rng, kinds)
+            if not owed:
+                target.replies += _sync(*conn, target.probe)
+            conn[0].sendall(data)
             target.sent += 1
-            try:
-                conn[0].sendall(data)
+            target.owed += owed
+            if owed:
                 target.replies += _drain(*conn, 0.0)
-            except (OSError, ValueError):  # closed on this frame or an earlier one
-                breaks = True
-            if breaks:
+            else:
                 conn[0].close()
                 conn = None
                 target.reconnects += 1
             if (i + 1) % 500 == 0:
                 if conn is not None:
-                    with contextlib.suppress(OSError, ValueError):
-                        target.replies += _drain(*conn, 0.0)
+                    target.replies += _sync(*conn, target.probe)
                 if not target.healthy():
                     target.deaths += 1
                     return
-        if conn is not None:  # the last replies: every frame was read and answered
-            with contextlib.suppress(OSError, ValueError):
-                target.replies += _drain(*conn, 0.5)
+        if conn is not None:
+            target.replies += _sync(*conn, target.probe)
+    except (OSError, ValueError) as exc:
+        print(f"{target.name}: {exc}")
+        target.deaths += not target.healthy()
     finally:
         if conn is not None:
             conn[0].close()
+
+
+def _sync(sock: socket.socket, deframer: framing.Deframer, probe: str) -> int:
+    """Send a valid request and read up to its reply; return how many other replies came."""
+    sock.sendall(framing.frame(protocol.encode_request(
+        protocol.Request(id=SYNC_ID, kind=probe, args={}, v=1))))
+    n = 0
+    while True:
+        payload = deframer.next()
+        if payload is None:
+            data = sock.recv(1 << 16)  # the socket's 10 s timeout: silence is an error
+            if not data:
+                raise ConnectionResetError("the door closed the connection")
+            deframer.feed(data)
+            continue
+        if protocol.decode_reply(payload).id == SYNC_ID:
+            return n
+        n += 1
 
 
 def _drain(sock: socket.socket, deframer: framing.Deframer, wait: float) -> int:
@@ -267,11 +297,13 @@ def run(args: argparse.Namespace) -> int:
         figures[f"{target.name}_replies"] = target.replies
         if target.door:
             figures[f"{target.name}_reconnects"] = target.reconnects
+            figures[f"{target.name}_unanswered"] = target.owed - target.replies
         figures[f"{target.name}_deaths"] = target.deaths
     for key, val in figures.items():
         print(f"{key:>20}: {val}")
     print(json.dumps(figures))
-    bad = any(t.deaths or t.sent < args.frames for t, _ in targets)
+    bad = any(t.deaths or t.sent < args.frames or (t.door and t.owed != t.replies)
+              for t, _ in targets)
     if bad:
         print(f"agent log: {agent.log.name}; supervisors.log in {agent.state}")
     else:
