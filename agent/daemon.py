@@ -54,7 +54,7 @@ from tether.agent.offload import Offload
 from tether.agent.spawn import Spawner, SpawnError
 from tether.shared import protocol
 from tether.shared.door import Conn, Door, answer
-from tether.shared.errors import RemoteError, TetherError
+from tether.shared.errors import Busy, RemoteError, TetherError
 from tether.shared.faults import agent_fault
 from tether.shared.parking import Lot
 from tether.shared.paths import Layout, RunDir
@@ -399,8 +399,11 @@ class Agent:
             self.machines[job.id] = machine
             self.perform(machine, effects)
 
-    def identity(self, job: Job) -> dict[str, Any]:
-        """Who the tasks run as: the job's user, looked up again at launch (groups may change)."""
+    def identity(self, job: Job, umask: int) -> dict[str, Any]:
+        """Who the tasks run as: the job's user, looked up again at launch (groups may change).
+        On the worker thread (``launch``): the user database may be LDAP, and slow."""
+        if agent_fault(self.cfg.faults, "hold-lookup"):
+            _hold(self.layout.state_dir, "lookup")
         user: users.User | None
         try:
             user = users.lookup(job.user) if job.user else users.current()
@@ -411,11 +414,35 @@ class Agent:
         gid = user.gid if job.gid is None else job.gid  # the primary gid it submitted with
         groups = sorted(set(os.getgrouplist(user.name, gid)))
         return {"uid": user.uid, "gid": gid, "groups": groups, "user": user.name,
-                "home": user.home, "umask": self.db.umask_of(job.id)}
+                "home": user.home, "umask": umask}
 
     def launch(self, job: Job) -> None:
         """Effect ``Spawn`` (L2, L3): feeds ``Spawned`` (once the supervisor is ready) or
-        ``SpawnFailed``; nothing here waits for the supervisor."""
+        ``SpawnFailed``; nothing here waits, neither for the user database (the job's user is
+        looked up on the worker thread, ``identity``) nor for the supervisor."""
+        lookup = functools.partial(self.identity, job, self.db.umask_of(job.id))
+
+        def looked_up(ident: dict[str, Any] | None, exc: BaseException | None) -> None:
+            m = self.machines.get(job.id)
+            if m is None or m.attempt != job.attempt or m.state is not lifecycle.State.STARTING:
+                return  # settled meanwhile (cannot happen before a spawn; never spawn for it)
+            if exc is not None or ident is None:
+                why = str(exc) if isinstance(exc, SpawnError) else f"looking up its user: {exc}"
+                log.error("job %d: %s", job.id, why)
+                self.feed(job.id, job.attempt, lifecycle.SpawnFailed(reason=why))
+                return
+            self.spawn(job, ident)
+        try:
+            self.offload.submit(lookup, looked_up, "launches")
+        except Busy:  # the worker is backed up (a flood of submissions): look up here
+            try:
+                ident = lookup()
+            except Exception as exc:
+                looked_up(None, exc)
+            else:
+                looked_up(ident, None)
+
+    def spawn(self, job: Job, ident: dict[str, Any]) -> None:
         rd = self.layout.run_dir(job.id, job.attempt)
         per = job.cpus_per_task
         spec = {
@@ -427,9 +454,9 @@ class Agent:
             "env": job.env, "workdir": job.workdir, "output": job.output, "error": job.error,
             "claim_timeout": self.cfg.claim_timeout, "linger": self.cfg.linger,
             "kill_grace": self.cfg.cancel_grace, "agent_uid": os.getuid(), "pmi": job.pmi,
+            **ident,
         }
         try:
-            spec.update(self.identity(job))
             self.spawner.spawn(
                 rd, spec,
                 on_pid=lambda pid: log.info("job %d attempt %d: supervisor spawned (pid %d)",
@@ -931,3 +958,10 @@ def memory_mb() -> int:
                 return int(line.split()[1]) // 1024
     return 0
 
+
+def _hold(state_dir: str, what: str) -> None:
+    """Test fault: say ``WHAT.held`` in the state directory and wait for ``WHAT.go`` there."""
+    with open(os.path.join(state_dir, f"{what}.held"), "w"):
+        pass
+    while not os.path.exists(os.path.join(state_dir, f"{what}.go")):
+        time.sleep(0.02)

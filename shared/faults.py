@@ -37,6 +37,10 @@ FAULTS = (
           "at its Nth database sync (default 1) with replies, spawns or requests held behind "
           "it, the agent SIGKILLs itself after those writes' commits and before their fsync: "
           "nothing held has been sent (`tests/test_group_commit.py`)"),
+    Fault(AGENT, "hold-lookup", "the agent",
+          "the lookup of a job's user at launch (on the worker thread) creates `lookup.held` "
+          "in the state directory and waits for `lookup.go` there, as a hung user database "
+          "would (the agent must keep answering meanwhile)"),
     Fault(AGENT, "no-template", "the agent",
           "no supervisor template: every supervisor starts cold (tests and benchmarks compare "
           "the two)"),
