@@ -73,6 +73,7 @@ def status(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
     out.update(agent.ledger.usage())
     out["jobs"] = agent.db.counts()
     out["cgroup"] = agent.contain.status()
+    out["db_syncs"] = agent.db.syncs  # group commit: fsyncs of the database so far
     return out
 
 
@@ -320,9 +321,9 @@ def resume(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
     _owner_or_root(agent, peer, job, "resume")
     if not job.suspended:
         raise StateError(f"job {job.id} is {job.public()['state']}, not suspended")
-    # Durable first: a crash after it leaves the job thawed-in-the-record and frozen in the
-    # kernel at worst, which a second resume (or cancel) settles; the reverse would count a
-    # running job's time as suspended.
+    # Recorded first: a crash after it leaves the job running in the record and frozen in the
+    # kernel at worst, which cancel settles (it thaws); the reverse would count a running
+    # job's time as suspended. (The reply waits for the write to be durable: group commit.)
     job = agent.db.update(job.id, suspended_at=None,
                           suspended_seconds=job.suspended_total(time.time()))
     try:

@@ -6,6 +6,12 @@ directory's ctl/, which only this uid can enter), one pidfd per supervisor, and 
 socket; plus a timer heap. The
 database is the only durable state and is written before anyone is told anything.
 
+Group commit. Each turn of the loop (one poll's events, the timers, the scheduler) commits its
+writes one by one without an fsync; whatever they lead to outside the agent (replies, spawns,
+requests to supervisors, kills) is held (``hold``); at the end of the turn one fsync makes the
+turn's commits durable and then the held actions go out, in order (``flush``). So submits and
+transitions that arrive together cost one fsync, and none is acknowledged before it is durable.
+
 What happens to a (job, attempt) is decided by ``lifecycle.py`` alone (a pure transition
 table); this module turns replies, timeouts, pidfds and what the run directory says into its
 events (``feed``) and performs the effects it asks for (``perform``): spawn, hello, claim, wait,
@@ -24,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import logging
 import os
 import shutil
@@ -48,7 +55,8 @@ from tether.agent.offload import Offload
 from tether.agent.spawn import Spawner, SpawnError
 from tether.shared import protocol
 from tether.shared.door import Conn, Door, answer
-from tether.shared.errors import RemoteError, TetherError
+from tether.shared.errors import Busy, RemoteError, TetherError
+from tether.shared.faults import agent_fault
 from tether.shared.parking import Lot
 from tether.shared.paths import Layout, RunDir
 from tether.shared.procid import ProcId, proc_stat
@@ -136,7 +144,15 @@ class Agent:
         self.spawner = Spawner(self.layout, self.timers,
                                watch=lambda fd: self.poller.register(fd, zmq.POLLIN),
                                unwatch=self.poller.unregister,
-                               use_template="no-template" not in cfg.faults)
+                               use_template=not agent_fault(cfg.faults, "no-template"))
+        #: what this turn of the loop tells anyone or does to a process, held until the turn's
+        #: commits are durable (``hold``, ``flush``): replies, spawns, requests to supervisors
+        self.held: deque[Callable[[], None]] = deque()
+        #: fault injection ``crash-before-sync[:N]``: SIGKILL at the Nth sync with held actions
+        self.crash_at_sync = 0
+        for fault in cfg.faults:
+            if fault.partition(":")[0] == "crash-before-sync":
+                self.crash_at_sync = int(fault.partition(":")[2] or 1)
         #: other fds in the poller and what to call when they are readable (the cluster's)
         self.extra_fds: dict[int, Callable[[], None]] = {}
         self.cluster: ClusterNode | None = None
@@ -199,6 +215,7 @@ class Agent:
             # dead ones are resolved from disk (all synchronous), and the hello and claim of the
             # live ones are answered concurrently, in this loop, while requests are served.
             self.reattach()
+            self.flush()
             self.reattach_t0 = t0 if self.reattaching else None
             if self.cluster is not None:
                 self.cluster.start()
@@ -264,6 +281,42 @@ class Agent:
         for job_id, attempt in probes:
             self.feed(job_id, attempt, lifecycle.LockHeld())
         self.reattach_done()
+        self.flush()
+
+    # ---- group commit: nothing leaves before the writes it follows are durable -------------
+
+    def hold(self, action: Callable[[], None]) -> None:
+        """Do ``action`` (a reply, a spawn, a request to a supervisor: anything someone could
+        act on) now if every write so far is durable, else once it is (``flush``), in order."""
+        if self.held or self.db.dirty:
+            self.held.append(action)
+        else:
+            action()
+
+    def flush(self) -> None:
+        """End of a turn: one fsync makes all of the turn's commits durable (group commit),
+        then what was held goes out, in order. What that does may write and hold again."""
+        while True:
+            if self.db.dirty:
+                if self.crash_at_sync and self.held:
+                    self.crash_at_sync -= 1
+                    if not self.crash_at_sync:
+                        log.warning("fault injection: SIGKILL before the sync (%d held)",
+                                    len(self.held))
+                        os.kill(os.getpid(), signal.SIGKILL)
+                try:
+                    self.db.sync()
+                except OSError as exc:  # the kernel may have dropped the pages: crash-only,
+                    # tell nobody anything; a restarted agent reads what the disk really holds
+                    raise AgentError(f"cannot make the database durable: {exc}") from None
+            if not self.held:
+                return
+            batch, self.held = self.held, deque()
+            for action in batch:
+                try:
+                    action()
+                except Exception:  # one job's bug must not keep the others' replies
+                    log.exception("internal error in %r", action)
 
     def dispatch_event(self, item: Any, wake_r: socket.socket) -> None:
         if item is wake_r or item == wake_r.fileno():
@@ -314,8 +367,11 @@ class Agent:
         self.waiters.drop_peer(conn.key)
 
     def reply(self, conn: Conn, reply: protocol.Reply) -> None:
-        if self.door is not None:
-            self.door.send(conn, reply)
+        """Answer a client: only once what the answer tells is durable (``hold``)."""
+        def send() -> None:
+            if self.door is not None:
+                self.door.send(conn, reply)
+        self.hold(send)
 
     def add_waiter(self, job_id: int, conn: Conn, rid: protocol.RequestId,
                    hold: float) -> None:
@@ -324,7 +380,7 @@ class Agent:
 
     def job_ended(self, job: Job) -> None:
         if self.cluster is not None:
-            self.cluster.job_ended(job)
+            self.hold(functools.partial(self.cluster.job_ended, job))
         for p in self.waiters.take(job.id):
             self.reply(p.peer, protocol.ok(p.rid, {"done": True, "job": job.public()}))
 
@@ -354,8 +410,11 @@ class Agent:
             self.machines[job.id] = machine
             self.perform(machine, effects)
 
-    def identity(self, job: Job) -> dict[str, Any]:
-        """Who the tasks run as: the job's user, looked up again at launch (groups may change)."""
+    def identity(self, job: Job, umask: int) -> dict[str, Any]:
+        """Who the tasks run as: the job's user, looked up again at launch (groups may change).
+        On the worker thread (``launch``): the user database may be LDAP, and slow."""
+        if agent_fault(self.cfg.faults, "hold-lookup"):
+            _hold(self.layout.state_dir, "lookup")
         user: users.User | None
         try:
             user = users.lookup(job.user) if job.user else users.current()
@@ -366,11 +425,35 @@ class Agent:
         gid = user.gid if job.gid is None else job.gid  # the primary gid it submitted with
         groups = sorted(set(os.getgrouplist(user.name, gid)))
         return {"uid": user.uid, "gid": gid, "groups": groups, "user": user.name,
-                "home": user.home, "umask": self.db.umask_of(job.id)}
+                "home": user.home, "umask": umask}
 
     def launch(self, job: Job) -> None:
         """Effect ``Spawn`` (L2, L3): feeds ``Spawned`` (once the supervisor is ready) or
-        ``SpawnFailed``; nothing here waits for the supervisor."""
+        ``SpawnFailed``; nothing here waits, neither for the user database (the job's user is
+        looked up on the worker thread, ``identity``) nor for the supervisor."""
+        lookup = functools.partial(self.identity, job, self.db.umask_of(job.id))
+
+        def looked_up(ident: dict[str, Any] | None, exc: BaseException | None) -> None:
+            m = self.machines.get(job.id)
+            if m is None or m.attempt != job.attempt or m.state is not lifecycle.State.STARTING:
+                return  # settled meanwhile (cannot happen before a spawn; never spawn for it)
+            if exc is not None or ident is None:
+                why = str(exc) if isinstance(exc, SpawnError) else f"looking up its user: {exc}"
+                log.error("job %d: %s", job.id, why)
+                self.feed(job.id, job.attempt, lifecycle.SpawnFailed(reason=why))
+                return
+            self.spawn(job, ident)
+        try:
+            self.offload.submit(lookup, looked_up, "launches")
+        except Busy:  # the worker is backed up (a flood of submissions): look up here
+            try:
+                ident = lookup()
+            except Exception as exc:
+                looked_up(None, exc)
+            else:
+                looked_up(ident, None)
+
+    def spawn(self, job: Job, ident: dict[str, Any]) -> None:
         rd = self.layout.run_dir(job.id, job.attempt)
         per = job.cpus_per_task
         spec = {
@@ -382,10 +465,10 @@ class Agent:
             "env": job.env, "workdir": job.workdir, "output": job.output, "error": job.error,
             "claim_timeout": self.cfg.claim_timeout, "linger": self.cfg.linger,
             "kill_grace": self.cfg.cancel_grace, "agent_uid": os.getuid(), "pmi": job.pmi,
+            **ident,
             "cgroup": self.contain.plan(job.id, job.attempt, job.memory_mb),
         }
         try:
-            spec.update(self.identity(job))
             self.spawner.spawn(
                 rd, spec,
                 on_pid=lambda pid: log.info("job %d attempt %d: supervisor spawned (pid %d)",
@@ -435,7 +518,7 @@ class Agent:
         if new is machine and not effects:
             return
         log.debug("job %d: %r + %r -> %r: %r", job_id, machine, event, new, effects)
-        if "skip-ack" in self.cfg.faults and isinstance(event, lifecycle.ExitRecord):
+        if agent_fault(self.cfg.faults, "skip-ack") and isinstance(event, lifecycle.ExitRecord):
             log.warning("job %d: fault injection: not acknowledging", job_id)
             effects = [e for e in effects if not isinstance(e, lifecycle.Ack)]
         self.machines[job_id] = new
@@ -461,6 +544,8 @@ class Agent:
                 self.drop_link(link)
 
     def perform(self, m: lifecycle.Machine, effects: list[lifecycle.Effect]) -> None:
+        """Durable effects (writes) and the ledger's now; every other one is held until the
+        writes are durable (``hold``: the turn's single fsync), in the machine's order."""
         ended = False
         for eff in effects:
             if isinstance(eff, lifecycle.Finalize):
@@ -477,31 +562,51 @@ class Agent:
                 self.idents.pop(m.job, None)  # only once written: a full disk retries it
                 log.info("job %d attempt %d running: pids %s", m.job, m.attempt, job.pids)
                 if self.cluster is not None:
-                    self.cluster.job_running(job)
+                    self.hold(functools.partial(self.cluster.job_running, job))
             elif isinstance(eff, lifecycle.RecordPid):
                 if eff.pid > 0:
                     self.db.update(m.job, supervisor_pid=eff.pid)
-            elif isinstance(eff, lifecycle.Spawn):
-                self.launch(self.db.get_required(m.job))
-            elif isinstance(eff, lifecycle.Connect):
-                self.connect(m, fresh=eff.fresh)
-            elif isinstance(eff, lifecycle.Claim):
-                self.claim(self.links[m.job])
-            elif isinstance(eff, lifecycle.Wait):
-                self.wait(self.links[m.job])
-            elif isinstance(eff, lifecycle.Terminate):
-                link = self.links.get(m.job)
-                if link is not None:
-                    self.terminate(link)
-            elif isinstance(eff, lifecycle.Ack):
-                self.ack(m)
-            elif isinstance(eff, lifecycle.Disconnect):
-                link = self.links.get(m.job)
-                if link is not None:
-                    self.drop_link(link)
             elif isinstance(eff, lifecycle.Retry):
                 self.timers.at(time.monotonic() + RETRY_UNRESPONSIVE,
                                lambda: self.feed(m.job, m.attempt, lifecycle.Deadline()))
+            else:
+                self.hold(self.outward(m, eff))
+        if ended:
+            self.job_ended(self.db.get_required(m.job))
+            self.schedule_due = True
+
+    def outward(self, m: lifecycle.Machine, eff: lifecycle.Effect) -> Callable[[], None]:
+        """The effect ``eff`` as an action to be done once the writes before it are durable."""
+        def current() -> bool:  # the attempt was not settled and forgotten meanwhile
+            now = self.machines.get(m.job)
+            return now is not None and now.attempt == m.attempt
+
+        def act() -> None:
+            if isinstance(eff, lifecycle.Spawn):
+                if current():
+                    self.launch(self.db.get_required(m.job))
+            elif isinstance(eff, lifecycle.Connect):
+                if current():
+                    self.connect(m, fresh=eff.fresh)
+            elif isinstance(eff, lifecycle.Claim):
+                link = self.links.get(m.job)
+                if current() and link is not None:
+                    self.claim(link)
+            elif isinstance(eff, lifecycle.Wait):
+                link = self.links.get(m.job)
+                if current() and link is not None:
+                    self.wait(link)
+            elif isinstance(eff, lifecycle.Terminate):
+                link = self.links.get(m.job)
+                if current() and link is not None:
+                    self.terminate(link)
+            elif isinstance(eff, lifecycle.Ack):
+                if current():
+                    self.ack(m)
+            elif isinstance(eff, lifecycle.Disconnect):
+                link = self.links.get(m.job)
+                if link is not None and link.attempt == m.attempt:
+                    self.drop_link(link)
             elif isinstance(eff, lifecycle.Kill):
                 self.contain.clean(m.job, m.attempt)
                 fallback.kill_leftovers(self.layout.run_dir(m.job, m.attempt),
@@ -510,9 +615,7 @@ class Agent:
                 shutil.rmtree(self.layout.run_dir(m.job, m.attempt).path, ignore_errors=True)
             else:  # pragma: no cover - the effect union is closed
                 raise AssertionError(f"unknown effect {eff!r}")
-        if ended:
-            self.job_ended(self.db.get_required(m.job))
-            self.schedule_due = True
+        return act
 
     # ---- following a supervisor ------------------------------------------------------------
 
@@ -610,7 +713,8 @@ class Agent:
                 except StoreFull as exc:
                     self.feed(link.job, link.attempt, lifecycle.LinkError(message=exc.message))
                     return
-            if phase == "ready" and not m.cancel and "stall-before-claim" in self.cfg.faults:
+            if phase == "ready" and not m.cancel and agent_fault(self.cfg.faults,
+                                                                 "stall-before-claim"):
                 log.warning("job %d: fault injection: not claiming", link.job)
                 return
             self.feed(link.job, link.attempt, lifecycle.HelloAnswered(phase=str(phase)))
@@ -877,3 +981,10 @@ def memory_mb() -> int:
                 return int(line.split()[1]) // 1024
     return 0
 
+
+def _hold(state_dir: str, what: str) -> None:
+    """Test fault: say ``WHAT.held`` in the state directory and wait for ``WHAT.go`` there."""
+    with open(os.path.join(state_dir, f"{what}.held"), "w"):
+        pass
+    while not os.path.exists(os.path.join(state_dir, f"{what}.go")):
+        time.sleep(0.02)

@@ -1,8 +1,14 @@
-"""The agent's durable state: SQLite in WAL mode with synchronous=FULL (I/O).
+"""The agent's durable state: SQLite in WAL mode, made durable by group commit (I/O).
 
 It holds intent (what the agent asked for: the job, its attempt, its allocation) and history
-(what supervisors told it: pids, results). It never holds a guess about a running step. Every
-write commits before the caller replies to anyone or spawns anything.
+(what supervisors told it: pids, results). It never holds a guess about a running step.
+
+Group commit. Each write is its own transaction, as before (so a full disk fails that write
+alone), but a commit does not fsync (``synchronous=NORMAL``: it is in the kernel's page cache,
+which survives the agent's death). The agent calls ``sync`` once per turn of its loop, after
+the turn's commits and before anything of that turn is told to anyone or done to a process
+(daemon.py holds those until then): one fsync of the WAL makes every commit of the turn
+durable against a power cut. Checkpoints sync the WAL and the database as before.
 """
 
 from __future__ import annotations
@@ -257,6 +263,14 @@ def _full(exc: sqlite3.Error) -> bool:
 
 class Store:
     def __init__(self, path: str) -> None:
+        self.path = path
+        self.wal = f"{path}-wal"
+        #: something was committed that ``sync`` has not made durable yet
+        self.unsynced = True
+        self.dir_synced = False
+        self.synced_changes = 0
+        #: how many fsyncs ``sync`` did (the status request reports it)
+        self.syncs = 0
         self.conn = sqlite3.connect(path, isolation_level=None)
         self.conn.row_factory = sqlite3.Row
         try:
@@ -268,11 +282,47 @@ class Store:
                     f"{SCHEMA_VERSION} (tether {tether.__version__}); refusing to start (run "
                     "the newer release, or restore the backup taken before it migrated)")
             self.conn.execute("PRAGMA journal_mode=WAL")
-            self.conn.execute("PRAGMA synchronous=FULL")
+            # commits reach the WAL (the page cache) at once; ``sync`` makes them durable
+            self.conn.execute("PRAGMA synchronous=NORMAL")
             self.migrate(path, found)
+            self.sync()
         except BaseException:
             self.conn.close()
             raise
+
+    def sync(self) -> bool:
+        """Make every commit so far durable: one fsync of the WAL (the directory's too the
+        first time, the file may be new). False if nothing was committed since the last."""
+        if not self.dirty:
+            return False
+        changes = self.conn.total_changes
+        try:
+            fd = os.open(self.wal, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:  # no WAL: the commits were checkpointed into the database
+            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            # as SQLite's own sync: the WAL's data and its size, not its times (once the WAL
+            # is reused after a checkpoint, no journal commit of the file system is waited for)
+            os.fdatasync(fd)
+        finally:
+            os.close(fd)
+        if not self.dir_synced:
+            fd = os.open(os.path.dirname(os.path.abspath(self.path)), os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            self.dir_synced = True
+        self.unsynced = False
+        self.synced_changes = changes
+        self.syncs += 1
+        return True
+
+    @property
+    def dirty(self) -> bool:
+        """Something was committed (or is being written) that ``sync`` has not made durable:
+        through this class, or straight on ``conn`` (the cluster's tables)."""
+        return self.unsynced or self.conn.total_changes != self.synced_changes
 
     def version(self) -> int:
         row = self.conn.execute("PRAGMA user_version").fetchone()
@@ -312,12 +362,15 @@ class Store:
     def _exec(self, sql: str, params: tuple[Any, ...] = ()) -> sqlite3.Cursor:
         """Execute one statement; a full disk becomes ``StoreFull`` (nothing was written)."""
         try:
-            return self.conn.execute(sql, params)
+            cur = self.conn.execute(sql, params)
         except sqlite3.OperationalError as exc:
             if _full(exc):
                 raise StoreFull("state directory full: cannot record anything until space "
                                 "is freed") from None
             raise
+        if not sql.startswith("SELECT"):  # a write, committed now or by COMMIT
+            self.unsynced = True
+        return cur
 
     def begin(self) -> None:
         self._exec("BEGIN IMMEDIATE")

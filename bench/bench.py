@@ -296,24 +296,54 @@ def bench_launch(agent: Agent, runs: int) -> dict[str, Any]:
 # ---- throughput -------------------------------------------------------------------------------
 
 
-def bench_throughput(root: str, jobs: int) -> tuple[dict[str, Any], Agent]:
-    agent = Agent(root, "t", 64)
+def bench_throughput(root: str, jobs: int, submitters: int = 1, name: str = "t",
+                     ) -> tuple[dict[str, Any], Agent]:
+    """``jobs`` ``true`` jobs: one client submitting back to back (each submit waits for its
+    reply), or ``submitters`` clients (threads, one connection each) doing so at once, so
+    that several submits arrive in one turn of the agent's loop (group commit)."""
+    agent = Agent(root, name, 64)
     agent.wait_serving(agent.start())
     wait_template(agent)
-    log(f"throughput: {jobs} `true` jobs back to back (--cpus 64)")
+    log(f"throughput: {jobs} `true` jobs back to back (--cpus 64), {submitters} submitter(s)")
+    per = [jobs // submitters + (1 if i < jobs % submitters else 0) for i in range(submitters)]
+    replies: list[float] = []
+    ids: list[int] = []
+    errors: list[BaseException] = []
+    lock = threading.Lock()
+
+    def submit_some(n: int) -> None:
+        try:
+            with Client(agent.sock, timeout=30) as c:
+                for _ in range(n):
+                    t = time.perf_counter()
+                    res = c.call("submit", {"command": ["true"], "workdir": agent.work,
+                                            "env": dict(os.environ)}, timeout=30)
+                    with lock:
+                        replies.append((time.perf_counter() - t) * 1000)
+                        ids.append(int(res["id"]))
+        except BaseException as exc:
+            errors.append(exc)
+
+    syncs0 = agent.call("status").get("db_syncs")
     t0 = time.perf_counter()
-    replies, ids = [], []
-    for _ in range(jobs):
-        t = time.perf_counter()
-        ids.append(agent.submit(["true"]))
-        replies.append((time.perf_counter() - t) * 1000)
+    threads = [threading.Thread(target=submit_some, args=(n,)) for n in per]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    if errors:
+        raise BenchError(f"a submitter failed: {errors[0]!r}")
     t_submitted = time.perf_counter()
     for jid in ids:
         res = agent.call("wait", {"job": jid, "hold": 60}, timeout=70)
         if not res.get("done") or res["job"]["state"] != "completed":
             raise BenchError(f"job {jid}: {res}")
     total = time.perf_counter() - t0
-    return {"jobs": jobs, "total_s": round(total, 2), "jobs_per_s": round(jobs / total, 1),
+    syncs = agent.call("status").get("db_syncs")  # group commit (absent before it)
+    return {"jobs": jobs, "submitters": submitters, "total_s": round(total, 2),
+            "db_syncs_per_job": None if syncs is None or syncs0 is None
+            else round((syncs - syncs0) / jobs, 2),
+            "jobs_per_s": round(jobs / total, 1),
             "submit_all_s": round(t_submitted - t0, 2),
             "submit_reply_ms": summary(replies, 2)}, agent
 
@@ -469,6 +499,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="seconds the steps run before they are weighed (60)")
     p.add_argument("--restarts", type=int, default=3)
     p.add_argument("--jobs", type=int, default=200, help="jobs for the throughput part")
+    p.add_argument("--submitters", type=int, default=8,
+                   help="concurrent clients in the throughput part's second run")
     ns = p.parse_args(argv)
     parts = set(ns.only or PARTS)
     for sig in (signal.SIGTERM, signal.SIGHUP):
@@ -502,6 +534,10 @@ def main(argv: list[str] | None = None) -> int:
             a.kill()
         if "throughput" in parts:
             result["throughput"], t = bench_throughput(root, ns.jobs)
+            cleaner.agents.append(t)
+            t.kill()
+            result["throughput_concurrent"], t = bench_throughput(root, ns.jobs, ns.submitters,
+                                                                  "tc")
             cleaner.agents.append(t)
             t.kill()
         if "steps" in parts:

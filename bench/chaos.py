@@ -12,7 +12,9 @@ all along (``list``, every ``--sample`` seconds). It prints, and exits 1 unless 
   lost          jobs not final at the end, or ``lost`` though no supervisor of theirs was killed
   duplicated    jobs that ran more than once
   wrong         a final state, exit code, signal or output other than the job's own
-  double-booked samples in which two active jobs held one CPU id
+  double-booked CPU ids two active jobs held in one answer of the agent (one ``list`` page: a
+                sample of several pages is not one instant), and jobs whose tasks' times
+                (``started_at`` to ``ended_at``) overlap on one CPU id
   illegal       state changes the lifecycle forbids (out of a final state, running -> pending,
                 the attempt going down)
   leaked        processes of the jobs, supervisors or run directories left after the end
@@ -41,6 +43,7 @@ from bench.common import kill_tree
 from tether.shared.client import Client, probe_unix
 from tether.shared.errors import TetherError
 from tether.shared.paths import Layout
+from tether.shared.procid import proc_stat
 
 FINAL = ("completed", "failed", "cancelled", "lost")
 SIGNALS = {"TERM": signal.SIGTERM, "KILL": signal.SIGKILL, "USR1": signal.SIGUSR1}
@@ -138,14 +141,15 @@ class Tally:
     restarts: int = 0
     sup_kills: int = 0
     samples: int = 0
-    double_booked: int = 0
+    double_booked: list[str] = field(default_factory=list)
     illegal: list[str] = field(default_factory=list)
     sup_killed_jobs: set[int] = field(default_factory=set)
     seen: dict[int, dict[str, Any]] = field(default_factory=dict)
 
 
 def supervisors(state: str) -> dict[int, int]:
-    """pid -> job of every live supervisor of this state directory (from their titles)."""
+    """pid -> job of every live supervisor of this state directory (from their titles; its
+    output opener, a fork of it, has the same title and is left out)."""
     found = {}
     marker = f" dir={state}/run/".encode()
     for name in os.listdir("/proc"):
@@ -161,12 +165,18 @@ def supervisors(state: str) -> dict[int, int]:
                 found[int(name)] = int(cmd.split(b"job=")[1].split()[0])
             except (IndexError, ValueError):
                 continue
+    for pid in list(found):
+        st = proc_stat(pid)
+        if st is None or st.ppid in found:
+            del found[pid]
     return found
 
 
-def chaos(agent: Agent, tally: Tally, rng: random.Random, stop: threading.Event) -> None:
-    """Kill the agent (SIGKILL or SIGTERM) every 2-6 s and start it again at once."""
-    while not stop.wait(rng.uniform(2.0, 6.0)):
+def chaos(agent: Agent, tally: Tally, rng: random.Random, stop: threading.Event,
+          every: tuple[float, float]) -> None:
+    """Kill the agent (SIGKILL or SIGTERM) every ``every`` seconds (2-6 s) and start it again
+    at once."""
+    while not stop.wait(rng.uniform(*every)):
         with agent.lock:
             agent.stop(rng.choice([signal.SIGKILL, signal.SIGTERM]))
             agent.start()
@@ -193,31 +203,70 @@ def kill_supervisors(agent: Agent, tally: Tally, rng: random.Random, stop: threa
 
 def sample(agent: Agent, tally: Tally, stop: threading.Event, every: float) -> None:
     while not stop.wait(every):
-        jobs = all_jobs(agent.layout)
-        if jobs is None:
+        pages = list_pages(agent.layout)
+        if pages is None:
             continue
         tally.samples += 1
-        held: dict[int, int] = {}
-        for j in jobs:
-            prev = tally.seen.get(j["id"])
-            if prev is not None:
-                why = None
-                if prev["state"] in FINAL and (j["state"], j["exit_code"], j["signal"]) != (
-                        prev["state"], prev["exit_code"], prev["signal"]):
-                    why = f"{prev['state']} -> {j['state']}"
-                elif prev["state"] == "running" and j["state"] == "pending":
-                    why = "running -> pending"
-                elif j["attempt"] < prev["attempt"]:
-                    why = f"attempt {prev['attempt']} -> {j['attempt']}"
-                if why:
-                    tally.illegal.append(f"job {j['id']}: {why}")
-            tally.seen[j["id"]] = j
-            if j["state"] in ("starting", "running"):
-                for cpu in j["cpus"]:
-                    if cpu in held:
-                        tally.double_booked += 1
-                        tally.illegal.append(f"CPU {cpu} held by jobs {held[cpu]} and {j['id']}")
-                    held[cpu] = j["id"]
+        for page in pages:
+            held: dict[int, int] = {}  # per page: one page is one instant of the agent
+            for j in page:
+                check_transition(tally, j)
+                if j["state"] in ("starting", "running"):
+                    for cpu in j["cpus"]:
+                        if cpu in held:
+                            tally.double_booked.append(
+                                f"CPU {cpu} held by jobs {held[cpu]} and {j['id']}")
+                        held[cpu] = j["id"]
+
+
+def check_transition(tally: Tally, j: dict[str, Any]) -> None:
+    prev = tally.seen.get(j["id"])
+    if prev is not None:
+        why = None
+        if prev["state"] in FINAL and (j["state"], j["exit_code"], j["signal"]) != (
+                prev["state"], prev["exit_code"], prev["signal"]):
+            why = f"{prev['state']} -> {j['state']}"
+        elif prev["state"] == "running" and j["state"] == "pending":
+            why = "running -> pending"
+        elif j["attempt"] < prev["attempt"]:
+            why = f"attempt {prev['attempt']} -> {j['attempt']}"
+        if why:
+            tally.illegal.append(f"job {j['id']}: {why}")
+    tally.seen[j["id"]] = j
+
+
+def list_pages(layout: Layout) -> list[list[dict[str, Any]]] | None:
+    pages: list[list[dict[str, Any]]] = []
+    after = 0
+    while True:
+        page = call(layout, "list", {"after": after}, timeout=10)
+        if page is None:
+            return None
+        pages.append(page["jobs"])
+        if not page["more"] or not page["jobs"]:
+            return pages
+        after = page["jobs"][-1]["id"]
+
+
+def overlaps(jobs: dict[int, dict[str, Any]]) -> list[str]:
+    """Jobs whose tasks ran on one CPU id at once, from their final records: the tasks of the
+    next holder start after the last holder's ended (RFC 3339 UTC with milliseconds sorts)."""
+    by_cpu: dict[int, list[tuple[str, str, int]]] = {}
+    for j in jobs.values():
+        if j["started_at"] and j["ended_at"]:
+            for cpu in j["cpus"]:
+                by_cpu.setdefault(cpu, []).append((j["started_at"], j["ended_at"], j["id"]))
+    out = []
+    for cpu, spans in sorted(by_cpu.items()):
+        spans.sort()
+        last_end, last = "", 0  # the latest end so far, and whose
+        for start, end, job in spans:
+            if start < last_end:
+                out.append(f"CPU {cpu}: job {job} started at {start}, before job {last} "
+                           f"ended ({last_end})")
+            if end > last_end:
+                last_end, last = end, job
+    return out
 
 
 def submit_all(agent: Agent, specs: list[Spec], work: str, ids: dict[int, int],
@@ -317,7 +366,7 @@ def run(args: argparse.Namespace) -> int:
         agent.start()
         threads = [
             threading.Thread(target=chaos, args=(agent, tally, random.Random(args.seed + 1),
-                                                 stop_chaos), daemon=True),
+                                                 stop_chaos, args.restart_every), daemon=True),
             threading.Thread(target=sample, args=(agent, tally, stop_sampling, args.sample),
                              daemon=True),
             threading.Thread(target=kill_supervisors,
@@ -355,6 +404,7 @@ def run(args: argparse.Namespace) -> int:
         stop_sampling.set()
         threads[1].join()
         bad = check(specs, ids, final, tally, runs)
+        tally.double_booked += overlaps(final)
         leaked = leftovers(agent.state, work)
         elapsed = time.monotonic() - t0
     finally:
@@ -369,12 +419,13 @@ def run(args: argparse.Namespace) -> int:
         "jobs": len(specs), "seconds": round(elapsed, 1), "agent_restarts": tally.restarts,
         "supervisor_kills": tally.sup_kills, "allocation_samples": tally.samples,
         "lost": len(bad["lost"]), "duplicated": len(bad["duplicated"]),
-        "wrong": len(bad["wrong"]), "double_booked": tally.double_booked,
+        "wrong": len(bad["wrong"]), "double_booked": len(tally.double_booked),
         "illegal_transitions": len(tally.illegal), "leaked": len(leaked),
     }
     for key, value in figures.items():
         print(f"{key:>20}: {value}")
-    problems = [*bad["lost"], *bad["duplicated"], *bad["wrong"], *tally.illegal, *leaked]
+    problems = [*bad["lost"], *bad["duplicated"], *bad["wrong"], *tally.double_booked,
+                *tally.illegal, *leaked]
     for p in problems[:40]:
         print(f"  - {p}")
     print(json.dumps(figures))
@@ -394,6 +445,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="keep the chaos going at least this long (and until every job ended)")
     p.add_argument("--min-restarts", type=int, default=50)
     p.add_argument("--min-sup-kills", type=int, default=20)
+    p.add_argument("--restart-every", type=float, nargs=2, default=(2.0, 6.0),
+                   metavar=("MIN", "MAX"), help="seconds between agent kills (uniform)")
     p.add_argument("--sup-every", type=float, default=6.0,
                    help="seconds between supervisor kills, on average")
     p.add_argument("--sample", type=float, default=0.5, help="seconds between samples")

@@ -1,14 +1,21 @@
-"""Fuzz: malformed frames at the agent's socket and a running step's supervisor; none may die.
+"""Fuzz: malformed frames at every socket of the agent and of a running step's supervisor; none
+may die.
 
     python -m bench.fuzz                    # the release run: 10,000 frames per socket
     python -m bench.fuzz --frames 2000
 
-Frames: random bytes, random msgpack (huge and negative integers, floats, bytes, deep nesting,
-maps with odd keys), envelopes with known and unknown kinds and random arguments, multi-part
-messages and large strings. Requests that would change something legitimately (submit, cancel,
-claim, ack, terminate, signal, abort) are left out: they are answered, not survived. After every
-500 frames and at the end each daemon must be the same process (boot id, pid, start ticks) and
-answer a valid request. It prints the figures and exits 1 on any death or silence.
+Three sockets, each in its own wire format: the agent's door and the supervisor's door (plain
+AF_UNIX streams, a 4-byte length then msgpack: ``shared/framing.py``) and the supervisor's
+ROUTER in ``ctl/`` (ZeroMQ, the agent's only). Frames: random bytes, random msgpack (huge and
+negative integers, floats, bytes, deep nesting, maps with odd keys), envelopes with known and
+unknown kinds and random arguments, multi-part messages and large strings; at a door also
+declared lengths over the limit and bytes with no frame header, after which the door closes the
+connection and the fuzzer connects again (``reconnects``). Requests that would change something
+legitimately (submit, cancel, claim, ack, terminate, signal, abort) are left out: they are
+answered, not survived. After every 500 frames and at the end each daemon must be the same
+process (boot id, pid, start ticks) and answer a valid request, and every whole frame sent to a
+door must have had exactly one reply (``unanswered``: 0). It prints the figures and exits 1 on
+any death, silence or unanswered frame.
 """
 
 from __future__ import annotations
@@ -17,8 +24,10 @@ import argparse
 import json
 import os
 import random
+import select
 import shutil
 import signal
+import socket
 import sys
 import tempfile
 import time
@@ -29,10 +38,11 @@ import zmq
 
 from bench.chaos import Agent, call
 from bench.common import kill_tree
-from tether.shared import records
+from tether.shared import framing, protocol, records
 from tether.shared.client import Client
 from tether.shared.errors import TetherError
 from tether.shared.procid import ProcId
+from tether.shared.zmq_client import Client as ZmqClient
 
 AGENT_KINDS = ["hello", "status", "list", "show", "wait"]
 SUPERVISOR_KINDS = ["hello", "state", "info", "pids", "stats", "output", "events", "pmi", "wait"]
@@ -99,24 +109,119 @@ def frames(rng: random.Random, kinds: list[str]) -> list[bytes]:
     return [pack(envelope)]
 
 
+def door_bytes(rng: random.Random, kinds: list[str]) -> tuple[bytes, int]:
+    """What one fuzz step sends to a door and how many whole frames that is, each of which must
+    be answered; 0 frames: it breaks the stream (a declared length over the limit, or bytes
+    with no header), and the door closes the connection."""
+    pick = rng.randrange(20)
+    if pick == 0:
+        return framing.HEADER.pack(rng.choice([framing.MAX_FRAME + 1, 2**32 - 1])), 0
+    if pick == 1:
+        return b"\xff" + os.urandom(rng.randrange(0, 100)), 0  # no header (ZMTP-like)
+    parts = frames(rng, kinds)
+    return b"".join(framing.frame(p[:framing.MAX_FRAME]) for p in parts), len(parts)
+
+
+#: the id of the request that marks "every frame before this one is answered"
+SYNC_ID = 2**31 - 7
+
+
 class Target:
-    def __init__(self, name: str, path: str, ident: ProcId, probe: str) -> None:
+    def __init__(self, name: str, path: str, ident: ProcId, probe: str, door: bool) -> None:
         self.name, self.path, self.ident, self.probe = name, path, ident, probe
-        self.sent = self.replies = 0
+        self.door = door
+        self.sent = self.replies = self.reconnects = 0
+        #: whole frames sent to a door, each owed exactly one reply
+        self.owed = 0
         self.deaths = 0
 
     def healthy(self) -> bool:
         if not self.ident.alive():
             return False
         try:
-            with Client(self.path, timeout=5.0) as c:
+            with (Client(self.path, timeout=5.0) if self.door
+                  else ZmqClient(self.path, timeout=5.0)) as c:
                 c.call(self.probe, {})
         except TetherError:
             return False
         return True
 
 
+def fuzz_door(target: Target, count: int, rng: random.Random, kinds: list[str]) -> None:
+    """Before each stream-breaking send and at every checkpoint, a valid request is sent and
+    everything up to its reply read: so every frame's reply is counted, and none is missed."""
+    conn: tuple[socket.socket, framing.Deframer] | None = None
+    try:
+        for i in range(count):
+            if conn is None:
+                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                sock.settimeout(10.0)
+                sock.connect(target.path)
+                conn = (sock, framing.Deframer())
+            data, owed = door_bytes(rng, kinds)
+            if not owed:
+                target.replies += _sync(*conn, target.probe)
+            conn[0].sendall(data)
+            target.sent += 1
+            target.owed += owed
+            if owed:
+                target.replies += _drain(*conn, 0.0)
+            else:
+                conn[0].close()
+                conn = None
+                target.reconnects += 1
+            if (i + 1) % 500 == 0:
+                if conn is not None:
+                    target.replies += _sync(*conn, target.probe)
+                if not target.healthy():
+                    target.deaths += 1
+                    return
+        if conn is not None:
+            target.replies += _sync(*conn, target.probe)
+    except (OSError, ValueError) as exc:
+        print(f"{target.name}: {exc}")
+        target.deaths += not target.healthy()
+    finally:
+        if conn is not None:
+            conn[0].close()
+
+
+def _sync(sock: socket.socket, deframer: framing.Deframer, probe: str) -> int:
+    """Send a valid request and read up to its reply; return how many other replies came."""
+    sock.sendall(framing.frame(protocol.encode_request(
+        protocol.Request(id=SYNC_ID, kind=probe, args={}, v=1))))
+    n = 0
+    while True:
+        payload = deframer.next()
+        if payload is None:
+            data = sock.recv(1 << 16)  # the socket's 10 s timeout: silence is an error
+            if not data:
+                raise ConnectionResetError("the door closed the connection")
+            deframer.feed(data)
+            continue
+        if protocol.decode_reply(payload).id == SYNC_ID:
+            return n
+        n += 1
+
+
+def _drain(sock: socket.socket, deframer: framing.Deframer, wait: float) -> int:
+    """Read what the door has answered so far (unread replies would make it stop reading this
+    connection); return how many reply frames came."""
+    n = 0
+    while select.select([sock], [], [], wait)[0]:
+        data = sock.recv(1 << 16)
+        if not data:
+            raise ConnectionResetError("the door closed the connection")
+        deframer.feed(data)
+        while deframer.next() is not None:
+            n += 1
+    return n
+
+
 def fuzz(target: Target, count: int, rng: random.Random, kinds: list[str]) -> None:
+    if target.door:
+        fuzz_door(target, count, rng, kinds)
+        return
     ctx: zmq.Context[Any] = zmq.Context.instance()
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
@@ -130,12 +235,15 @@ def fuzz(target: Target, count: int, rng: random.Random, kinds: list[str]) -> No
                 sock.recv_multipart()
                 target.replies += 1
             if (i + 1) % 500 == 0:
-                while sock.poll(200, zmq.POLLIN):  # let it catch up before the health check
+                while sock.poll(0, zmq.POLLIN):
                     sock.recv_multipart()
                     target.replies += 1
                 if not target.healthy():
                     target.deaths += 1
                     return
+        while sock.poll(500, zmq.POLLIN):  # the last replies: every frame was answered
+            sock.recv_multipart()
+            target.replies += 1
     finally:
         sock.close(linger=0)
 
@@ -166,10 +274,11 @@ def run(args: argparse.Namespace) -> int:
             time.sleep(0.05)
         agent_ident = ProcId.of(agent.proc.pid)
         assert agent_ident is not None
+        sup = ProcId.from_dict(man["supervisor"])
         targets = [
-            (Target("agent", agent.layout.sock, agent_ident, "status"), AGENT_KINDS),
-            (Target("supervisor", rd.sock, ProcId.from_dict(man["supervisor"]), "state"),
-             SUPERVISOR_KINDS),
+            (Target("agent", agent.layout.sock, agent_ident, "status", True), AGENT_KINDS),
+            (Target("supervisor", rd.sock, sup, "state", True), SUPERVISOR_KINDS),
+            (Target("supervisor_ctl", rd.ctl_sock, sup, "state", False), SUPERVISOR_KINDS),
         ]
         for target, kinds in targets:
             fuzz(target, args.frames, rng, kinds)
@@ -186,11 +295,15 @@ def run(args: argparse.Namespace) -> int:
     for target, _ in targets:
         figures[f"{target.name}_frames"] = target.sent
         figures[f"{target.name}_replies"] = target.replies
+        if target.door:
+            figures[f"{target.name}_reconnects"] = target.reconnects
+            figures[f"{target.name}_unanswered"] = target.owed - target.replies
         figures[f"{target.name}_deaths"] = target.deaths
     for key, val in figures.items():
         print(f"{key:>20}: {val}")
     print(json.dumps(figures))
-    bad = any(t.deaths or t.sent < args.frames for t, _ in targets)
+    bad = any(t.deaths or t.sent < args.frames or (t.door and t.owed != t.replies)
+              for t, _ in targets)
     if bad:
         print(f"agent log: {agent.log.name}; supervisors.log in {agent.state}")
     else:

@@ -16,6 +16,7 @@ def agent(state_dir: str, ns: argparse.Namespace) -> int:
     from tether.agent.contain import default_base
     from tether.agent.daemon import Agent, AgentConfig, AgentError, allowed_cpus, memory_mb
     from tether.agent.db import SchemaError
+    from tether.shared.faults import agent_faults
     from tether.shared.paths import PathTooLong
 
     logging.basicConfig(level=ns.log_level, stream=sys.stderr,
@@ -28,7 +29,7 @@ def agent(state_dir: str, ns: argparse.Namespace) -> int:
         claim_timeout=ns.claim_timeout, linger=ns.linger, cgroup=ns.cgroup,
         cgroup_base=ns.cgroup_base or default_base(os.path.abspath(state_dir)),
         default_memory_mb=ns.default_memory_mb,
-        faults=frozenset(f for f in os.environ.get("TETHER_AGENT_FAULT", "").split(",") if f),
+        faults=agent_faults(),
         cluster=agent_cluster(ns),
     )
     try:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
 
 from tether.cli.connect import open_step, supervisor_errors
 from tether.cli.errors import EXIT_USAGE, CliError
@@ -13,6 +12,10 @@ from tether.cli.format import fmt_exit, print_pairs, say
 from tether.shared.errors import RemoteError, VersionMismatch
 from tether.shared.paths import Layout
 from tether.shared.step_client import StepClient
+
+TYPE_CHECKING = False  # typing costs every CLI run ~2 ms: for the type checker only
+if TYPE_CHECKING:
+    from typing import Any
 
 
 def inspect(layout: Layout, ns: argparse.Namespace) -> int:

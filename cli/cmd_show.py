@@ -26,6 +26,14 @@ def status(layout: Layout, ns: argparse.Namespace) -> int:
     print(f"agent on node {st['node']} (version {st['version']}, pid {st['pid']})")
     for res in ("cpus", "gpus", "memory_mb"):
         print(f"  {res:<10} {st[res]['allocated']}/{st[res]['total']} allocated")
+    beyond = st.get("beyond_node") or {}  # an agent of before 0.4 does not say
+    held = [f"{res} {', '.join(map(str, beyond[res]))}" for res in ("cpus", "gpus")
+            if beyond.get(res)]
+    if beyond.get("memory_mb"):
+        held.append(f"memory_mb {beyond['memory_mb']}")
+    if held:
+        print(f"  {'beyond':<10} {'; '.join(held)} (held by running steps beyond this node's "
+              "size)")
     counts = ", ".join(f"{k} {v}" for k, v in st["jobs"].items() if v)
     print(f"  {'jobs':<10} {counts or 'none'}")
     cg = st.get("cgroup")  # agents before issue 9 do not say

@@ -6,7 +6,6 @@ import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
 
 import tether
 from tether.cli.errors import CliError
@@ -16,34 +15,62 @@ from tether.shared.errors import RemoteError, TetherError, Unreachable
 from tether.shared.paths import Layout
 from tether.shared.step_client import StepClient, SupervisorGone, connect
 
+TYPE_CHECKING = False  # typing costs every CLI run ~2 ms: for the type checker only
+if TYPE_CHECKING:
+    from typing import Any
+
 #: Arguments an agent of tether 0.1 does not know; left out when the door turns out to be one.
 NEWER_ARGS = ("umask",)
 
 
 def agent_call(layout: Layout, kind: str, args: dict[str, Any] | None = None,
                timeout: float = 10.0) -> Any:
-    why = probe_unix(layout.sock)
-    if why is not None:
-        raise CliError(f"no agent is answering at {layout.sock} ({why})")
+    # Only a request that may safely be sent again takes the connection a previous call left
+    # open (submit --wait's wait): it may have died with a restarted agent meanwhile.
+    client = _open.pop(layout.sock, None) if kind in _RESENDABLE else None
+    reused = client is not None
+    if client is None:
+        why = probe_unix(layout.sock)
+        if why is not None:
+            raise CliError(f"no agent is answering at {layout.sock} ({why})")
+        client = Client(layout.sock, timeout=timeout)
     watch = None
     if timeout > 5.0:  # a long poll: notice an agent that dies while holding it
         watch = AgentWatch(layout.sock)
-    with Client(layout.sock, timeout=timeout) as client:
+    ok = False
+    try:
         try:
             try:
-                return client.call(kind, args or {}, watch=watch)
+                res = client.call(kind, args or {}, timeout=timeout, watch=watch)
             except RemoteError as exc:
                 older = {k: v for k, v in (args or {}).items() if k not in NEWER_ARGS}
                 if client.legacy is None or exc.code != "bad_request" or older == args:
                     raise
-                return client.call(kind, older, watch=watch)  # a 0.1 agent: what it knows
+                res = client.call(kind, older, timeout=timeout, watch=watch)  # a 0.1 agent
+            ok = True
+            return res
         except Unreachable as exc:
+            if reused:
+                client.close()
+                return agent_call(layout, kind, args, timeout)  # on a fresh connection
             raise CliError(f"the agent did not answer: {exc.message}") from None
         except RemoteError as exc:
+            ok = True  # an answer: the connection is fine
             if exc.code in ("unknown_kind", "version") or (
                     exc.code == "bad_request" and "unknown arguments" in exc.message):
                 raise CliError(skew_message(client, kind, exc)) from None
             raise
+    finally:
+        if ok and client.legacy is None:
+            _open[layout.sock] = client  # the next call of this run (submit --wait) reuses it
+        else:
+            client.close()
+
+
+#: this process's open connection to each agent, kept between calls (``agent_call``)
+_open: dict[str, Client] = {}
+#: the requests that take a kept connection: answering twice changes nothing
+_RESENDABLE = ("wait", "show")
 
 
 def skew_message(client: Client, kind: str, exc: RemoteError) -> str:

@@ -16,10 +16,13 @@ import argparse
 import importlib
 import os
 import sys
-from typing import Any
 
 from tether.cli.errors import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_USAGE, CliError
 from tether.cli.parser import build_parser
+
+TYPE_CHECKING = False  # typing costs every CLI run ~2 ms: for the type checker only
+if TYPE_CHECKING:
+    from typing import Any
 
 EXIT_PIPE = 141
 
@@ -42,7 +45,7 @@ def load(target: str) -> Any:
 
 
 def run(argv: list[str]) -> int:
-    parser = build_parser()
+    parser = build_parser(argv)
     if not argv:
         parser.print_help(sys.stderr)
         return EXIT_USAGE
@@ -56,13 +59,17 @@ def run(argv: list[str]) -> int:
 
         agentconf.apply(parser.subcommand("agent"), ns, argv)
         return int(load("cmd_agent:agent")(state_dir(ns), ns))
-    from tether.cli.cluster import clustered
     from tether.shared.paths import Layout
 
     layout = Layout(os.path.abspath(state_dir(ns)))
-    code = clustered(layout, ns)  # --cluster DSN / TETHER_CLUSTER; None: this node alone
-    if code is not None:
-        return code
+    if ns.cmd not in VERBS or getattr(ns, "cluster", None) or os.environ.get("TETHER_CLUSTER") \
+            or getattr(ns, "no_requeue", False):
+        # the cluster's module (json, socket, pwd: ~4 ms) only where a cluster may be meant
+        from tether.cli.cluster import clustered
+
+        code = clustered(layout, ns)  # --cluster DSN / TETHER_CLUSTER; None: this node alone
+        if code is not None:
+            return code
     return int(load(VERBS[ns.cmd])(layout, ns))
 
 

@@ -10,9 +10,9 @@ adding an option can never change what an existing command line means.
 from __future__ import annotations
 
 import argparse
-import difflib
+import os
 import re
-from typing import Any, NoReturn
+import sys
 
 from tether.cli.argtypes import (
     env_pair,
@@ -23,6 +23,10 @@ from tether.cli.argtypes import (
     seconds,
 )
 from tether.cli.errors import EXIT_USAGE, CliError
+
+TYPE_CHECKING = False  # typing costs every CLI run ~2 ms: for the type checker only
+if TYPE_CHECKING:
+    from typing import Any, NoReturn
 
 CLUSTER_HELP = ("PostgreSQL DSN of a cluster: jobs, nodes and results are the cluster's (default: "
                 "$TETHER_CLUSTER; with neither, this node's agent alone)")
@@ -39,12 +43,34 @@ EXIT_CODES = """exit codes:
   wait and submit --wait exit with the job's own exit code, 128+N if signal N killed it"""
 
 
+def _columns() -> int:
+    """``shutil.get_terminal_size().columns``, without importing shutil (bz2, lzma, fnmatch:
+    ~1.5 ms of every run, for argparse's formatter, which every ``add_argument`` creates)."""
+    try:
+        columns = int(os.environ["COLUMNS"])
+    except (KeyError, ValueError):
+        columns = 0
+    if columns <= 0:
+        try:
+            columns = os.get_terminal_size(sys.__stdout__.fileno()).columns or 80  # type: ignore[union-attr]
+        except (AttributeError, ValueError, OSError):
+            columns = 80
+    return columns
+
+
+class Formatter(argparse.RawDescriptionHelpFormatter):
+    def __init__(self, prog: str, indent_increment: int = 2, max_help_position: int = 24,
+                 width: int | None = None) -> None:
+        super().__init__(prog, indent_increment, max_help_position,
+                         _columns() - 2 if width is None else width)  # as argparse's own
+
+
 class Parser(argparse.ArgumentParser):
     """Errors as one CliError line (with a suggestion for a near miss); never abbreviations."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("allow_abbrev", False)
-        kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
+        kwargs.setdefault("formatter_class", Formatter)
         super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
@@ -88,6 +114,8 @@ class Parser(argparse.ArgumentParser):
 
 
 def suggest(given: str, names: list[str]) -> str:
+    import difflib  # only for a mistake
+
     close = difflib.get_close_matches(given, sorted(set(names)), n=1, cutoff=0.6)
     return f"; did you mean '{close[0]}'?" if close else ""
 
@@ -108,7 +136,24 @@ def add_json(sp: Parser, what: str) -> None:
     sp.add_argument("--json", action="store_true", help=f"print {what} as JSON")
 
 
-def build_parser() -> Parser:
+def verb_of(argv: list[str]) -> str | None:
+    """The command ``argv`` names (the first word after the global options), or None."""
+    args = iter(argv)
+    for arg in args:
+        if arg in ("--state-dir", "--cluster"):
+            next(args, None)
+        elif arg.startswith(("--state-dir=", "--cluster=")):
+            continue
+        elif arg.startswith("-"):
+            return None  # --help, --version, a mistake: the whole parser answers
+        else:
+            return arg
+    return None
+
+
+def build_parser(argv: list[str] | None = None) -> Parser:
+    """Every command's parser; or, given the command line, only the parser of the command it
+    names (each one costs its imports and its argparse set-up on every run)."""
     from tether import __version__
 
     p = Parser(prog="tether",
@@ -120,11 +165,24 @@ def build_parser() -> Parser:
     p.add_argument("--state-dir", metavar="DIR", help=STATE_DIR_HELP)
     p.add_argument("--cluster", metavar="DSN", help=CLUSTER_HELP)
     sub = p.add_subparsers(dest="cmd", metavar="COMMAND", parser_class=Parser, title="commands")
-    for add in (add_agent, add_status, add_submit, add_list, add_show, add_wait, add_cancel,
-                add_inspect, add_attach, add_signal, add_top, add_upgrade, add_completion,
-                add_man, add_cluster, add_nodes, add_drain, add_suspend, add_resume):
+    adders = (add_agent, add_status, add_submit, add_list, add_show, add_wait, add_cancel,
+              add_inspect, add_attach, add_signal, add_top, add_upgrade, add_completion,
+              add_man, add_cluster, add_nodes, add_drain, add_suspend, add_resume)
+    name = verb_of(argv) if argv is not None else None
+    one = [a for a in adders if name is not None and _VERB_OF_ADDER.get(
+        a.__name__, a.__name__[4:].replace("_", "-")) == name]
+    if one:
+        one[0](sub)
+        if name in sub.choices:
+            return p
+        return build_parser()  # an adder named unlike its verb: everything, to be sure
+    for add in adders:
         add(sub)
     return p
+
+
+#: adders whose verb is not their name after ``add_``
+_VERB_OF_ADDER = {"add_upgrade": "upgrade-supervisors"}
 
 
 def add_agent(sub: Any) -> None:

@@ -1,4 +1,6 @@
-"""The tables of docs/protocol.md and docs/architecture.md that are generated from the code.
+"""The tables of docs/protocol.md and docs/architecture.md that are generated from the code:
+the verbs, the error codes, the agent's lifecycle, the supervisor's phases, the test-only
+fault switches.
 
     python scripts/doc_tables.py          # rewrite them in place
     python scripts/doc_tables.py --check  # exit 1 if a document differs (tests/test_doc_tables.py)
@@ -18,8 +20,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from tether.agent import api, lifecycle  # noqa: E402
-from tether.shared import errors, protocol  # noqa: E402
-from tether.supervisor import handlers  # noqa: E402
+from tether.shared import errors, faults, protocol  # noqa: E402
+from tether.supervisor import handlers, step  # noqa: E402
 
 WHO = {handlers.ANY: "any local user", handlers.OWNER: "the job's owner, root, the agent",
        handlers.AGENT: "root, the agent"}
@@ -58,11 +60,28 @@ def transitions() -> str:
     return "\n".join(rows)
 
 
+def supervisor_phases() -> str:
+    rows = ["| phase | may move to |", "|---|---|"]
+    for phase in step.Phase:
+        nxt = ", ".join(f"`{p.value}`" for p in step.Phase if p in step.NEXT[phase])
+        rows.append(f"| `{phase.value}` | {nxt or 'nothing (final)'} |")
+    return "\n".join(rows)
+
+
+def fault_switches() -> str:
+    rows = ["| variable | read by | effect |", "|---|---|---|"]
+    for f in faults.FAULTS:
+        rows.append(f"| `{f.variable}={f.name}` | {f.reader} | {f.effect} |")
+    return "\n".join(rows)
+
+
 TABLES: dict[str, tuple[str, Callable[[], str]]] = {
     "supervisor-verbs": ("docs/protocol.md", supervisor_verbs),
     "agent-verbs": ("docs/protocol.md", agent_verbs),
     "error-codes": ("docs/protocol.md", error_codes),
     "lifecycle-transitions": ("docs/architecture.md", transitions),
+    "supervisor-phases": ("docs/architecture.md", supervisor_phases),
+    "fault-switches": ("docs/architecture.md", fault_switches),
 }
 
 

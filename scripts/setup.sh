@@ -42,6 +42,9 @@ fi
 # compat mode: a plain path in a .pth, not an import hook (which cost every supervisor ~30 ms)
 .venv/bin/python -m pip install -q --disable-pip-version-check -e "$target" \
     --config-settings editable_mode=compat
+# setuptools' distutils shim is a .pth that every interpreter start of this venv runs (~1-2 ms
+# of each tether command and cold supervisor); nothing here builds packages at run time.
+rm -f .venv/lib/python3*/site-packages/distutils-precedence.pth
 # Bytecode for tether itself, whatever PYTHONDONTWRITEBYTECODE says (it is set on these machines,
 # and an editable install ships none): without it every process start is ~30% slower. The real
 # folders are compiled because compileall does not follow the links in tether/.

@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     setproctitle.setproctitle(
         f"tether-supervisor job={rd.job} attempt={rd.attempt} dir={rd.path}")
     prctl.set_child_subreaper(1)
-    if os.environ.get("TETHER_AUDIT_IMPORTS"):
+    if os.environ.get("TETHER_AUDIT_IMPORTS"):  # listed in shared/faults.py
         # Tests prove the claim above: any module loaded from here on is reported.
         def audit(event: str, details: tuple[object, ...]) -> None:
             if event == "import":

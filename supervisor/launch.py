@@ -24,7 +24,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-from tether.shared import outpattern
+from tether.shared import faults, outpattern
 from tether.shared.procid import start_ticks
 from tether.supervisor.step import Step, Task, bounded
 
@@ -133,6 +133,9 @@ class Opener:
         try:
             msg, got, _, _ = socket.recv_fds(self.sock, 4096, _BATCH)
             fds += got
+            if not msg and not got:  # EOF: killed, or out of memory, before it could say
+                raise LaunchFailed(f"the output opener (pid {self.pid}) ended without an "
+                                   "answer")
             text = msg.decode(errors="replace")
             head, _, flags = text.partition(";")
             want = int(head[3:]) if head.startswith("ok:") and head[3:].isdigit() else -1
@@ -178,6 +181,8 @@ def _open_as_user(spec: dict[str, Any], paths: list[str], sock: socket.socket) -
     code = 1
     try:
         signal.set_wakeup_fd(-1)  # the parent's wakeup fd is not ours to write
+        if faults.supervisor_fault("opener-dies"):
+            os._exit(code)
         if _runs_as_other_user(spec):
             os.setgroups(spec["groups"])
             os.setresgid(spec["gid"], spec["gid"], spec["gid"])

@@ -40,7 +40,7 @@ from typing import Any
 import zmq
 
 import tether
-from tether.shared import protocol, records, wire
+from tether.shared import faults, protocol, records, wire
 from tether.shared.cgroup import CgroupError, StepCgroup
 from tether.shared.door import Conn, Door, answer, listen_socket
 from tether.shared.errors import LaunchError, StateError, TetherError
@@ -53,6 +53,7 @@ from tether.supervisor.launch import Launcher, LaunchFailed, Opened, Opener, out
 from tether.supervisor.pmi import Abort, Broken, Finalized, Output, PmiServer, ProtocolError, Send
 from tether.supervisor.pmi_io import PmiChannels, clean_env
 from tether.supervisor.step import Phase, Step, bounded, signal_name
+from tether.supervisor.sweeper import HOLD, Sweeper
 
 log = logging.getLogger("tether.supervisor")
 
@@ -137,6 +138,10 @@ class Supervisor:
         self.kill_timer: Timer | None = None
         self.drain_timer: Timer | None = None
         self.drain_check: Timer | None = None
+        #: finds leftover children while draining, off the loop (sweeper.py)
+        self.sweeper = Sweeper(rd.path if faults.supervisor_fault(HOLD) else None)
+        #: children found by the last scan, killed and not yet reaped
+        self.leftovers = 0
         self.claim_timer: Timer | None = None
         self.router: zmq.Socket[Any] | None = None
         self.door: Door | None = None
@@ -205,6 +210,7 @@ class Supervisor:
         poller = self.poller
         poller.register(self.router, zmq.POLLIN)
         poller.register(wake_r, zmq.POLLIN)
+        poller.register(self.sweeper.fileno(), zmq.POLLIN)
         if self.door is not None:
             poller.register(self.door.fileno(), zmq.POLLIN)
         status = 0
@@ -220,6 +226,8 @@ class Supervisor:
                         self.door.service()
                     if self.opener is not None and self.opener.sock.fileno() in events:
                         self.opener_ready()
+                    if self.sweeper.fileno() in events:
+                        self.swept()
                     if self.upgrade_requested:
                         self.upgrade_requested = False
                         ctx = self.reexec(ctx)  # returns only if exec failed
@@ -246,6 +254,7 @@ class Supervisor:
                 os.close(self.door_fd)
             if self.channels is not None:
                 self.channels.close_all()
+            self.sweeper.close()
             if self.remove_rundir:
                 shutil.rmtree(self.rd.path, ignore_errors=True)
             else:
@@ -260,7 +269,7 @@ class Supervisor:
         with contextlib.suppress(Exception):
             self.kill_cgroup()
         with contextlib.suppress(Exception):
-            self.sweep()
+            self.sweep_now()
 
     def signal_ready(self) -> None:
         if self.ready_fd < 0:
@@ -311,6 +320,8 @@ class Supervisor:
             self.reap()
         for sig in got & set(IGNORED_SIGNALS):
             log.warning("received %s: ignored", signal_name(sig))
+            if sig == signal.SIGUSR2 and faults.supervisor_fault("error-on-usr2"):
+                raise RuntimeError("test fault: an error nothing in the loop expects")
         for sig in got & set(TERMINATING):
             log.warning("received %s: terminating the step", signal_name(sig))
             self.terminate(grace=float(self.spec.get("kill_grace", 10)), cancel=False,
@@ -505,7 +516,7 @@ class Supervisor:
         for task in self.step.tasks:
             if task.pid:
                 self.emit("task_started", rank=task.rank, pid=task.pid)
-        if "die-after-launch" in os.environ.get("TETHER_SUPERVISOR_FAULT", ""):
+        if faults.supervisor_fault("die-after-launch"):
             os.kill(os.getpid(), signal.SIGKILL)  # test-only: the crash window before "running"
         self.write_manifest()
         log.info("launched %d task(s): pids %s", self.step.ntasks,
@@ -608,6 +619,7 @@ class Supervisor:
                 _, status, rusage = os.wait4(pid, os.WNOHANG)
             except ChildProcessError:
                 continue
+            self.sweeper.note_reaped(pid)
             self.launcher.reaped(pid, status)
             if task is not None:
                 task.record_status(status, rusage)
@@ -627,8 +639,9 @@ class Supervisor:
             if self.kill_timer:
                 self.kill_timer.cancel()
             self.drain_timer = self.timers.at(time.monotonic() + DRAIN_TIMEOUT, self.finish)
-        if self.step.phase is Phase.DRAINING and self.sweep() == 0 and self.cgroup_drained():
-            self.finish()
+        if self.step.phase is Phase.DRAINING:
+            self.cgroup_drained()  # kills what is left in the cgroup, the sooner the better
+            self.sweeper.start()  # answered in swept(), on this loop
 
     def cgroup_drained(self) -> bool:
         """Is the step's cgroup empty? If not, kill what is in it and look again shortly (a
@@ -645,8 +658,33 @@ class Supervisor:
             self.drain_check = self.timers.at(time.monotonic() + DRAIN_POLL, again)
         return False
 
-    def sweep(self) -> int:
-        """SIGKILL every remaining child (adopted daemons); return how many are left."""
+    def swept(self) -> None:
+        """The scan for leftover children is in: SIGKILL them; the step ends once a scan
+        that no reap overtook finds none. Their deaths reap, and reaping scans again."""
+        try:
+            found = self.sweeper.result()
+        except OSError as exc:  # /proc unreadable: the drain timer still ends the step
+            log.error("cannot look for leftover processes: %s", exc)
+            return
+        for f in found:
+            if f.dead:
+                continue
+            try:
+                os.kill(f.pid, signal.SIGKILL)  # unreaped, so still our child: safe by pid
+                log.info("killed leftover process %d", f.pid)
+            except OSError as exc:  # gone meanwhile, or setuid: counted, logged
+                log.warning("cannot kill leftover process %d: %s", f.pid, exc)
+        self.leftovers = len(found)
+        if self.step.phase is not Phase.DRAINING:
+            return
+        if self.sweeper.again:
+            self.sweeper.start()
+        elif not found and self.cgroup_drained():
+            self.finish()
+
+    def sweep_now(self) -> int:
+        """SIGKILL every remaining child (adopted daemons), on the spot; return how many are
+        left. Only for a supervisor giving up: nothing reaps meanwhile, nothing waits."""
         me = os.getpid()
         left = 0
         for st in all_processes():
@@ -665,7 +703,7 @@ class Supervisor:
             return
         if self.drain_timer:
             self.drain_timer.cancel()
-        left = self.sweep()
+        left = self.leftovers
         if left:
             log.error("%d leftover process(es) survived SIGKILL for %gs; ending the step anyway",
                       left, DRAIN_TIMEOUT)

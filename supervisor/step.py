@@ -26,7 +26,8 @@ class Phase(enum.Enum):
     ABORTED = "aborted"
 
 
-_NEXT: dict[Phase, frozenset[Phase]] = {
+#: the phases each phase may move to (docs/architecture.md section 3 is generated from it)
+NEXT: dict[Phase, frozenset[Phase]] = {
     Phase.READY: frozenset({Phase.RUNNING, Phase.ABORTED}),
     Phase.RUNNING: frozenset({Phase.DRAINING}),
     Phase.DRAINING: frozenset({Phase.EXITED}),
@@ -122,7 +123,7 @@ class Step:
             self.tasks = [Task(rank=r) for r in range(self.ntasks)]
 
     def advance(self, to: Phase) -> None:
-        if to not in _NEXT[self.phase]:
+        if to not in NEXT[self.phase]:
             raise PhaseError(f"step {self.job}.{self.attempt} can't go from "
                              f"{self.phase.value} to {to.value}")
         self.phase = to

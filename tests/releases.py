@@ -86,10 +86,13 @@ def release(commit: str = RELEASE_0_1_0) -> str:
         if not os.path.exists(os.path.join(base, ".complete")):
             shutil.rmtree(base, ignore_errors=True)
             os.makedirs(os.path.join(base, "src"))
-            archive = subprocess.Popen(["git", "-C", ROOT, "archive", full],
-                                       stdout=subprocess.PIPE)
-            _run(["tar", "-x", "-C", os.path.join(base, "src")], "tar", stdin=archive.stdout)
-            assert archive.wait() == 0, f"git archive {full} failed"
+            # the pipe's reading end is closed here, not left to the garbage collector: on a
+            # fresh machine (the first build) its ResourceWarning failed whichever test ran next
+            with subprocess.Popen(["git", "-C", ROOT, "archive", full],
+                                  stdout=subprocess.PIPE) as archive:
+                _run(["tar", "-x", "-C", os.path.join(base, "src")], "tar",
+                     stdin=archive.stdout)
+            assert archive.returncode == 0, f"git archive {full} failed"
             python = make_venv(os.path.join(base, "venv"))
             pip_install(python, os.path.join(base, "src"))
             shutil.rmtree(os.path.join(base, "src"))

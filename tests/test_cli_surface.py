@@ -7,8 +7,10 @@ and 3 (thin help, internal metavars, no ``--`` in usage).
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 
@@ -133,5 +135,24 @@ def test_help_needs_no_zeromq() -> None:
             " or m == 'tether.shared.client'))")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=30)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip().splitlines()[-1] == "[]"
+
+
+@pytest.mark.parametrize("argv", [["inspect", "1", "--json"], ["submit", "--wait", "--", "true"],
+                                  ["wait", "1"], ["show", "1", "--json"]])
+def test_hot_verbs_import_only_what_they_use(argv: list[str], tmp_path: Any) -> None:
+    """What the frequent verbs load (they fail here: no agent; every import is done by then):
+    no typing, dataclasses or inspect (pulled in by dataclasses), no shutil, no difflib, no
+    other verb's modules, no cluster or ZeroMQ code. Each costs every run milliseconds."""
+    code = ("import sys; from tether.cli.main import main\n"
+            f"try:\n    main({argv!r})\nexcept SystemExit:\n    pass\n"
+            "print(sorted(m for m in sys.modules if m in ('typing', 'dataclasses', 'inspect', "
+            "'shutil', 'difflib', 'zmq', 'psycopg', 'tether.cli.cluster', 'tether.cli.table', "
+            "'tether.cli.jobfilter') or m.startswith('tether.agent')))")
+    env = dict(os.environ, TETHER_STATE_DIR=str(tmp_path))
+    env.pop("TETHER_CLUSTER", None)
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=30, env=env, cwd=str(tmp_path))
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip().splitlines()[-1] == "[]"

@@ -224,3 +224,16 @@ def test_a_huge_command_line_is_refused_not_recorded(node: Node) -> None:
     res = node.cli("submit", "--", "echo", "x" * 100_000, "y" * 100_000)
     assert res.returncode == 1 and "longer than" in res.stderr
     assert node.ok("list", "--json") == "[]\n"
+
+
+def test_an_output_opener_that_dies_silently_fails_the_job_with_a_reason(node: Node) -> None:
+    # Found by the chaos run (its supervisor killer took an opener for its supervisor): the job
+    # failed with an empty reason.
+    node.start(env={"TETHER_SUPERVISOR_FAULT": "opener-dies"})
+    job = node.submit("sh", "-c", "echo ran >> runs.txt")
+    j = node.wait_end(job, timeout=30)
+    assert (j["state"], j["exit_code"]) == ("failed", 127)
+    assert j["reason"] and "the output opener" in j["reason"] and "without an answer" in \
+        j["reason"], j["reason"]
+    assert not os.path.exists(os.path.join(node.work, "runs.txt")), "the task ran regardless"
+    assert node.status()["cpus"]["allocated"] == 0

@@ -205,6 +205,28 @@ elif mode == "garbage":  # the flood: malformed frames, and connections coming a
         c.close()
     t.join(60)
     print("answered", answered, "churned", churned, flush=True)
+
+elif mode == "rate":  # many valid requests on one connection, as fast as the door answers
+    n = int(sys.argv[3])
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(path)
+    out = b"".join(frame(pack({"v": 1, "id": i, "kind": "status", "args": {}}))
+                   for i in range(n))
+    import threading
+    sender = threading.Thread(target=s.sendall, args=(out,))
+    start = time.monotonic()
+    sender.start()
+    times, buf = [], b""
+    while len(times) < n:
+        data = s.recv(1 << 16)
+        if not data:
+            break
+        buf += data
+        while len(buf) >= 4 and len(buf) >= 4 + struct.unpack(">I", buf[:4])[0]:
+            buf = buf[4 + struct.unpack(">I", buf[:4])[0]:]
+            times.append(time.monotonic() - start)
+    sender.join(60)
+    print(" ".join(f"{t:.4f}" for t in times), flush=True)
 '''
 
 
@@ -397,3 +419,33 @@ def test_a_flood_of_another_user_leaves_both_daemons_serving(node: Node,
     open(os.path.join(node.dir, alice.name, "go"), "w").close()
     ends_well(node, job, sup, "".join(f"{i}\n" for i in range(1, 20001)))
     assert node.cli("status").returncode == 0
+
+
+def test_a_users_request_rate_is_capped_and_nothing_is_dropped(node: Node,
+                                                               two: list[User]) -> None:
+    """6,000 pipelined `status` requests of one user at the agent's door: every one answered,
+    but never faster than the uid's token bucket allows (a burst of 2,000, then 1,000 a
+    second), while root, who is not rate-limited, is answered meanwhile."""
+    from tether.shared.door import Limits
+    lim = Limits()
+    _, bob = two
+    shared(node)
+    node.start()
+    n = 6000
+    a = start_attack(bob, "rate", node.layout.sock, str(n))
+    try:
+        # root is answered while bob's bucket is empty (bob needs 4 s or more for his)
+        assert node.cli("status").returncode == 0
+        assert a.poll() is None, "bob was answered before root"
+        out, err = a.communicate(timeout=120)
+    finally:
+        stop(a)
+    assert a.returncode == 0, err
+    times = [float(t) for t in out.split()]
+    assert len(times) == n, f"{len(times)} of {n} answered"
+    # the i-th reply (1-based) cannot come before the bucket held i tokens: burst + rate * t,
+    # plus the requests of one connection the door lets be in flight at once
+    over = [(i, t) for i, t in enumerate(times, 1)
+            if i > lim.burst + lim.rate * t + lim.inflight_per_conn]
+    assert not over, f"answered faster than the cap: {over[:3]}"
+    assert times[-1] >= (n - lim.burst - lim.inflight_per_conn) / lim.rate

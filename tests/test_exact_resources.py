@@ -64,6 +64,7 @@ def test_an_agent_restarted_with_fewer_cpus_keeps_running_steps_holdings() -> No
         st = node.status()
         assert st["beyond_node"]["cpus"] == [2], st
         assert st["cpus"] == {"total": 2, "allocated": 1}
+        assert "beyond     cpus 2 (held by running steps" in node.ok("status")
         # new work never gets CPU 1 while the old step holds it
         one = _gated(node, "go3", ("--cpus", "1"))
         assert node.wait_state(one, ("running",))["cpus"] == [0]

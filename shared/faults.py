@@ -1,0 +1,81 @@
+"""Test-only switches that open crash windows timing alone cannot hit. Pure but for the
+environment lookup.
+
+Every switch is listed here, once: the code asks ``agent_fault``/``supervisor_fault`` by name
+(an unlisted name is a bug and raises; ``crash-before-sync:N`` carries a number and is parsed
+by the agent itself), and the table in docs/architecture.md section 13 is
+generated from ``FAULTS`` (scripts/doc_tables.py). The agent reads ``TETHER_AGENT_FAULT`` at
+start; a supervisor reads ``TETHER_SUPERVISOR_FAULT`` from the environment the agent passes on
+(``TETHER_*`` variables; tasks get the submitted ``env`` instead). Both are comma-separated.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+AGENT = "TETHER_AGENT_FAULT"
+SUPERVISOR = "TETHER_SUPERVISOR_FAULT"
+
+
+@dataclass(frozen=True)
+class Fault:
+    variable: str
+    name: str
+    reader: str
+    effect: str
+
+
+FAULTS = (
+    Fault(AGENT, "stall-before-claim", "the agent (`tether agent`)",
+          "a supervisor found `ready` is not claimed (unless a cancel was requested), so it "
+          "sits until its claim deadline"),
+    Fault(AGENT, "skip-ack", "the agent",
+          "a result collected through `wait` is recorded but not acknowledged, so the "
+          "supervisor lingers. The orphan pass at the next start still acks"),
+    Fault(AGENT, "crash-before-sync[:N]", "the agent",
+          "at its Nth database sync (default 1) with replies, spawns or requests held behind "
+          "it, the agent SIGKILLs itself after those writes' commits and before their fsync: "
+          "nothing held has been sent (`tests/test_group_commit.py`)"),
+    Fault(AGENT, "hold-lookup", "the agent",
+          "the lookup of a job's user at launch (on the worker thread) creates `lookup.held` "
+          "in the state directory and waits for `lookup.go` there, as a hung user database "
+          "would (the agent must keep answering meanwhile)"),
+    Fault(AGENT, "no-template", "the agent",
+          "no supervisor template: every supervisor starts cold (tests and benchmarks compare "
+          "the two)"),
+    Fault(SUPERVISOR, "die-after-launch", "each supervisor",
+          "after starting its tasks, the supervisor SIGKILLs itself before writing the "
+          "`running` manifest (row 13b)"),
+    Fault(SUPERVISOR, "opener-dies", "each supervisor",
+          "the output opener (section 10) exits without a word, as if it had been killed"),
+    Fault(SUPERVISOR, "hold-sweep", "each supervisor",
+          "the thread looking for leftover children while the step drains stops after its "
+          "scan, creates `sweep.held` in the run directory and goes on once `sweep.go` exists "
+          "there (the loop must keep answering meanwhile)"),
+    Fault(SUPERVISOR, "error-on-usr2", "each supervisor",
+          "SIGUSR2 raises an exception in the loop that nothing expects: the supervisor kills "
+          "its tasks and exits with status 3 (crash-only)"),
+    Fault("TETHER_AUDIT_IMPORTS", "1", "each supervisor",
+          "an audit hook logs `late import of M after start-up` to `supervisors.log` for any "
+          "module imported once start-up is over"),
+)
+
+_NAMES = {(f.variable, f.name) for f in FAULTS}
+
+
+def agent_faults() -> frozenset[str]:
+    """The agent's switches, read once at its start."""
+    return frozenset(f for f in os.environ.get(AGENT, "").split(",") if f)
+
+
+def agent_fault(active: frozenset[str], name: str) -> bool:
+    if (AGENT, name) not in _NAMES:
+        raise KeyError(f"unknown agent fault {name!r}: list it in shared/faults.py")
+    return name in active
+
+
+def supervisor_fault(name: str) -> bool:
+    if (SUPERVISOR, name) not in _NAMES:
+        raise KeyError(f"unknown supervisor fault {name!r}: list it in shared/faults.py")
+    return name in os.environ.get(SUPERVISOR, "").split(",")

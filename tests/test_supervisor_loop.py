@@ -1,0 +1,90 @@
+"""The supervisor's one loop: nothing slow runs on it (the scan for leftovers is a thread's),
+and an error it does not expect ends the process (crash-only), the agent giving the verdict."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator
+
+import prctl
+import pytest
+
+from tests.helpers import Node, pid_alive, poll_until
+from tether.shared.client import Client
+from tether.shared.procid import ProcId, all_processes
+
+
+def test_the_loop_answers_while_leftovers_are_looked_for(node: Node) -> None:
+    # The scan of /proc for leftover children stops (test fault) once it has looked, until
+    # sweep.go exists: the supervisor must answer meanwhile, and kill the leftover after.
+    node.start(env={"TETHER_SUPERVISOR_FAULT": "hold-sweep"})
+    job = node.submit("sh", "-c", "setsid sleep 300 </dev/null >/dev/null 2>&1 & "
+                                  "echo $! > daemon.pid")
+    rd = node.layout.run_dir(job, 1)
+    poll_until(lambda: os.path.exists(os.path.join(rd.path, "sweep.held")), 30,
+               "the scan for leftovers to be under way")
+    with open(os.path.join(node.work, "daemon.pid")) as f:
+        daemon = int(f.read())
+    with Client(rd.sock, timeout=5) as c:
+        state = c.call("state", {})
+    assert state["phase"] == "draining"
+    assert node.job(job)["state"] == "running"
+    assert pid_alive(daemon), "the leftover was killed before its scan came back"
+    open(os.path.join(rd.path, "sweep.go"), "w").close()
+    j = node.wait_end(job)
+    assert (j["state"], j["exit_code"]) == ("completed", 0)
+    poll_until(lambda: not pid_alive(daemon), 10, "the leftover daemon to be killed")
+
+
+@pytest.fixture
+def adopting() -> Iterator[None]:
+    """This test process adopts orphans (a child subreaper) so that a supervisor's exit status
+    reaches it; the test reaps what it adopted (``_reap_adopted``)."""
+    prctl.set_child_subreaper(1)
+    try:
+        yield
+    finally:
+        prctl.set_child_subreaper(0)
+
+
+def test_an_unexpected_error_in_the_loop_ends_the_supervisor_and_the_agent_judges(
+        adopting: None, node: Node) -> None:
+    try:
+        node.start(env={"TETHER_SUPERVISOR_FAULT": "error-on-usr2"})
+        job = node.submit("sh", "-c", "sleep 300 & sleep 300; wait", opts=("--cpus", "2"))
+        node.wait_state(job, ("running",))
+        man = node.running_manifest(job)
+        sup = ProcId.from_dict(man["supervisor"])
+        os.kill(sup.pid, signal.SIGUSR2)  # the fault raises RuntimeError in the loop
+
+        def status() -> int | None:
+            pid, st = os.waitpid(sup.pid, os.WNOHANG)  # ours: adopted when it detached
+            return os.waitstatus_to_exitcode(st) if pid else None
+        code = poll_until(lambda: (s := status()) is not None and [s], 30,
+                          "the supervisor to exit")[0]
+        assert code == 3, f"the supervisor exited with {code}, not 3 (cannot go on)"
+        j = node.wait_state(job, ("lost",))
+        assert j["reason"] and f"supervisor (pid {sup.pid}) died" in j["reason"]
+        left = [st.pid for st in all_processes()
+                if st.session == man["session"] and not st.dead and st.pid != sup.pid]
+        assert left == [], f"the step's processes outlived their supervisor: {left}"
+        assert node.status()["cpus"]["allocated"] == 0
+        with open(node.layout.supervisor_log) as f:
+            assert "the supervisor cannot go on" in f.read()
+    finally:
+        node.cleanup()
+        _reap_adopted()
+
+
+def _reap_adopted() -> None:
+    """Reap every orphan adopted meanwhile (the template, the step's killed processes); all
+    were killed by ``cleanup``."""
+    def reaped_all() -> bool:
+        try:
+            while os.waitpid(-1, os.WNOHANG)[0]:
+                pass
+        except ChildProcessError:
+            return True
+        return False
+    poll_until(reaped_all, 20, "the adopted processes to be reaped")
