@@ -66,6 +66,15 @@ def clustered(layout: Layout, ns: argparse.Namespace) -> int | None:
     if ns.cmd not in COMMANDS:  # a verb that only knows one node's agent (e.g. top)
         raise CliError(f"{ns.cmd}: not available for a cluster yet (without --cluster and "
                        "TETHER_CLUSTER it shows this node's agent)", EXIT_USAGE)
+    for name in ("job", "jobs"):  # cluster jobs are plain ids: no arrays there yet
+        refs = getattr(ns, name, None)
+        if isinstance(refs, str | list):
+            plain = [int(r) for r in ([refs] if isinstance(refs, str) else refs)
+                     if isinstance(r, int) or "_" not in r]
+            if len(plain) != (1 if isinstance(refs, str) else len(refs)):
+                raise CliError(f"{ns.cmd}: cluster jobs have no array elements (ID_INDEX)",
+                               EXIT_USAGE)
+            setattr(ns, name, plain[0] if isinstance(refs, str) else plain)
     import psycopg
 
     from tether.shared import cluster_db

@@ -24,10 +24,11 @@ if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping
     from typing import Any
 
-#: The version this build speaks, and the set it accepts from peers: this one and the one
-#: before (an N-1 window), so a build drives and serves the release before it.
-PROTOCOL_VERSION = 2
-SUPPORTED_VERSIONS: frozenset[int] = frozenset({1, 2})
+#: The version this build speaks, and the set it accepts from peers: this one and every one
+#: before (version 1 is still what 0.1.0's CLI and supervisors speak), so a build drives and
+#: serves the releases before it.
+PROTOCOL_VERSION = 3
+SUPPORTED_VERSIONS: frozenset[int] = frozenset({1, 2, 3})
 
 #: The protocol version that introduced each request kind (the agent's and the supervisors'):
 #: a request of that kind needs at least that version. A client sends each request in the
@@ -45,6 +46,10 @@ KIND_SINCE: dict[str, int] = {
     "pids": 1, "stats": 1, "output": 1, "events": 1, "signal": 1,
     # protocol 2 (kinds added in release 0.3.0; a 0.2.0 server answers them unknown_kind)
     "upgrade": 2,
+    # protocol 3 (release 0.5.0: holds; submit's time_limit, hold, dependency and array, and
+    # the index of an array element in show, wait and cancel, are arguments an older agent
+    # refuses by name)
+    "hold": 3, "release": 3,
 }
 
 

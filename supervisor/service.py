@@ -131,6 +131,8 @@ class Supervisor:
         #: the exit record is on disk (fsync'd); until then only this process holds it
         self.record_durable = False
         self.kill_timer: Timer | None = None
+        #: the job's time limit, armed at launch: SIGTERM, then SIGKILL after the grace
+        self.limit_timer: Timer | None = None
         self.drain_timer: Timer | None = None
         #: finds leftover children while draining, off the loop (sweeper.py)
         self.sweeper = Sweeper(rd.path if faults.supervisor_fault(HOLD) else None)
@@ -352,6 +354,8 @@ class Supervisor:
             self.claim_timer = self.timers.at(timers["claim"], self.claim_expired)
         if "kill" in timers:
             self.kill_timer = self.timers.at(timers["kill"], self.kill_now)
+        if "limit" in timers:
+            self.limit_timer = self.timers.at(timers["limit"], self.time_limit_reached)
 
     def request_upgrade(self) -> str:
         """The ``upgrade`` verb: check the installed build can take over; exec after the reply."""
@@ -493,6 +497,11 @@ class Supervisor:
             return
         self.step.advance(Phase.RUNNING)
         self.step.started_at = rfc3339_now()
+        limit = self.spec.get("time_limit")
+        if isinstance(limit, int | float) and not isinstance(limit, bool) and limit > 0:
+            # Counted from the launch, by this process: the agent may be gone when it runs out.
+            self.limit_timer = self.timers.at(time.monotonic() + float(limit),
+                                              self.time_limit_reached)
         try:
             self.launcher.launch(self.spec, self.step, got)
         except LaunchFailed as exc:
@@ -610,6 +619,9 @@ class Supervisor:
             self.step.advance(Phase.DRAINING)
             if self.kill_timer:
                 self.kill_timer.cancel()
+            if self.limit_timer:
+                self.limit_timer.cancel()
+                self.limit_timer = None
             self.drain_timer = self.timers.at(time.monotonic() + DRAIN_TIMEOUT, self.finish)
         if self.step.phase is Phase.DRAINING:
             self.sweeper.start()  # answered in swept(), on this loop
@@ -724,6 +736,15 @@ class Supervisor:
         if self.kill_timer is None:
             self.kill_timer = self.timers.at(time.monotonic() + grace, self.kill_now)
             log.info("%s: sent SIGTERM, SIGKILL in %gs", why, grace)
+
+    def time_limit_reached(self) -> None:
+        self.limit_timer = None
+        if self.step.phase is not Phase.RUNNING or self.step.cancelled:
+            return
+        limit = float(self.spec["time_limit"])
+        self.step.timed_out = True
+        self.terminate(grace=float(self.spec.get("kill_grace", 10)), cancel=False,
+                       why=f"time limit of {_limit_text(limit)} reached")
 
     def kill_now(self) -> None:
         for task in self.step.tasks:
@@ -1000,6 +1021,15 @@ def reset_signal_dispositions(*, unblock: bool = True) -> None:
             pass
     if unblock:
         signal.pthread_sigmask(signal.SIG_SETMASK, [])
+
+
+def _limit_text(seconds: float) -> str:
+    """A limit as Slurm prints one, [D-]HH:MM:SS (fractions of a second, from tests, kept)."""
+    s = int(seconds)
+    text = f"{s // 3600:02d}:{s % 3600 // 60:02d}:{s % 60:02d}"
+    if s >= 86400:
+        text = f"{s // 86400}-{s % 86400 // 3600:02d}:{s % 3600 // 60:02d}:{s % 60:02d}"
+    return text if seconds == s else f"{seconds:g}s"
 
 
 def _wake_only(signum: int, frame: object) -> None:
