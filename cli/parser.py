@@ -170,8 +170,8 @@ def build_parser(argv: list[str] | None = None) -> Parser:
     p.add_argument("--cluster", metavar="DSN", help=CLUSTER_HELP)
     sub = p.add_subparsers(dest="cmd", metavar="COMMAND", parser_class=Parser, title="commands")
     adders = (add_agent, add_status, add_submit, add_list, add_show, add_wait, add_cancel,
-              add_hold, add_release, add_inspect, add_attach, add_signal, add_top, add_upgrade, add_completion,
-              add_man, add_cluster, add_nodes, add_drain, add_resume)
+              add_hold, add_release, add_inspect, add_attach, add_signal, add_top, add_upgrade,
+              add_completion, add_man, add_cluster, add_nodes, add_drain, add_resume)
     name = verb_of(argv) if argv is not None else None
     one = [a for a in adders if name is not None and _VERB_OF_ADDER.get(
         a.__name__, a.__name__[4:].replace("_", "-")) == name]
