@@ -168,7 +168,8 @@ class Agent:
         self.spawner = Spawner(self.layout, self.timers,
                                watch=lambda fd: self.poller.register(fd, zmq.POLLIN),
                                unwatch=self.poller.unregister,
-                               use_template=not agent_fault(cfg.faults, "no-template"))
+                               use_template=not agent_fault(cfg.faults, "no-template"),
+                               hold_prep=agent_fault(cfg.faults, "hold-spawn-prep"))
         #: what this turn of the loop tells anyone or does to a process, held until the turn's
         #: commits are durable (``hold``, ``flush``): replies, spawns, requests to supervisors
         self.held: deque[Callable[[], None]] = deque()
@@ -578,13 +579,19 @@ class Agent:
                                             job.id, job.attempt, pid),
                 # only once it is bound: hello and claim reach it at once (spawn.py)
                 on_ready=lambda: self.feed(job.id, job.attempt, lifecycle.Spawned(pid=0)),
-                on_gone=lambda why: self.spawn_gone(job.id, job.attempt, why))
+                on_gone=lambda why: self.spawn_gone(job.id, job.attempt, why),
+                on_failed=lambda exc: self.spawn_failed(job.id, job.attempt, exc))
         except (SpawnError, OSError) as exc:
-            log.error("job %d: %s", job.id, exc)
-            if os.path.isdir(rd.path) and not fallback.lock_is_free(rd):
-                self.feed(job.id, job.attempt, lifecycle.Spawned(pid=0))  # it did start
-            else:
-                self.feed(job.id, job.attempt, lifecycle.SpawnFailed(reason=str(exc)))
+            self.spawn_failed(job.id, job.attempt, exc)
+
+    def spawn_failed(self, job_id: int, attempt: int, exc: BaseException) -> None:
+        """No supervisor could be started for the attempt (unless its lock says otherwise)."""
+        log.error("job %d: %s", job_id, exc)
+        rd = self.layout.run_dir(job_id, attempt)
+        if os.path.isdir(rd.path) and not fallback.lock_is_free(rd):
+            self.feed(job_id, attempt, lifecycle.Spawned(pid=0))  # it did start
+        else:
+            self.feed(job_id, attempt, lifecycle.SpawnFailed(reason=str(exc)))
 
     def spawn_gone(self, job_id: int, attempt: int, why: str) -> None:
         """The new supervisor ended before it was ready (its ready pipe closed unwritten)."""

@@ -41,6 +41,10 @@ FAULTS = (
           "the lookup of a job's user at launch (on the worker thread) creates `lookup.held` "
           "in the state directory and waits for `lookup.go` there, as a hung user database "
           "would (the agent must keep answering meanwhile)"),
+    Fault(AGENT, "hold-spawn-prep", "the agent",
+          "the worker thread that makes each spawn's run directory, that done, creates "
+          "`prep.held` in the state directory and goes on once `prep.go` exists there (the "
+          "agent must keep serving meanwhile)"),
     Fault(AGENT, "no-template", "the agent",
           "no supervisor template: every supervisor starts cold (tests and benchmarks compare "
           "the two)"),
