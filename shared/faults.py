@@ -57,6 +57,8 @@ FAULTS = (
           "the thread looking for leftover children while the step drains stops after its "
           "scan, creates `sweep.held` in the run directory and goes on once `sweep.go` exists "
           "there (the loop must keep answering meanwhile)"),
+    Fault(SUPERVISOR, "hold-scan", "each supervisor",
+          "the same for the /proc scan behind `pids` and `stats` (`scan.held`, `scan.go`)"),
     Fault(SUPERVISOR, "error-on-usr2", "each supervisor",
           "SIGUSR2 raises an exception in the loop that nothing expects: the supervisor kills "
           "its tasks and exits with status 3 (crash-only)"),

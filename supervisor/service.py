@@ -34,6 +34,7 @@ import socket
 import stat
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,7 +53,7 @@ from tether.supervisor.launch import Launcher, LaunchFailed, Opened, Opener, out
 from tether.supervisor.pmi import Abort, Broken, Finalized, Output, PmiServer, ProtocolError, Send
 from tether.supervisor.pmi_io import PmiChannels, clean_env
 from tether.supervisor.step import Phase, Step, bounded, signal_name
-from tether.supervisor.sweeper import HOLD, Sweeper
+from tether.supervisor.sweeper import HOLD, HOLD_SCAN, Scan, Sweeper
 
 log = logging.getLogger("tether.supervisor")
 
@@ -65,6 +66,8 @@ CLOSE_LINGER_MS = 1000
 #: seconds between attempts to write an exit record that could not be written (a full disk)
 RECORD_RETRY = 1.0
 MAX_HOLD = 600.0
+#: How long a ``pids`` or ``stats`` request waits for its /proc scan before it is answered busy.
+SCAN_HOLD = 10.0
 #: How often parked output followers' files are checked for growth (only while any is parked).
 FOLLOW_POLL = 0.05
 #: The longest an acknowledged supervisor stays up for followers still reading.
@@ -77,6 +80,8 @@ IGNORED_SIGNALS = (signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 
 
 Peer = handlers.Peer
+#: computes a reply from a /proc scan's processes (``after_scan``)
+ScanReply = Callable[[list[introspect.ProcSample]], Any]
 
 
 @dataclass(frozen=True)
@@ -138,6 +143,13 @@ class Supervisor:
         self.sweeper = Sweeper(rd.path if faults.supervisor_fault(HOLD) else None)
         #: children found by the last scan, killed and not yet reaped
         self.leftovers = 0
+        me, session = os.getpid(), os.getsid(0)
+        #: the /proc scans behind ``pids`` and ``stats``, off the loop; ``scan_seq`` numbers
+        #: them (the one running or last started), and requests wait under the one they need
+        self.scans = Scan(lambda: introspect.snapshot(me, session),
+                          (rd.path, "scan") if faults.supervisor_fault(HOLD_SCAN) else None)
+        self.scan_seq = 0
+        self.scan_waiters: Lot[int, ScanReply] = Lot(self.timers)
         self.claim_timer: Timer | None = None
         self.router: zmq.Socket[Any] | None = None
         self.door: Door | None = None
@@ -207,6 +219,7 @@ class Supervisor:
         poller.register(self.router, zmq.POLLIN)
         poller.register(wake_r, zmq.POLLIN)
         poller.register(self.sweeper.fileno(), zmq.POLLIN)
+        poller.register(self.scans.fileno(), zmq.POLLIN)
         if self.door is not None:
             poller.register(self.door.fileno(), zmq.POLLIN)
         status = 0
@@ -224,6 +237,8 @@ class Supervisor:
                         self.opener_ready()
                     if self.sweeper.fileno() in events:
                         self.swept()
+                    if self.scans.fileno() in events:
+                        self.scanned()
                     if self.upgrade_requested:
                         self.upgrade_requested = False
                         ctx = self.reexec(ctx)  # returns only if exec failed
@@ -251,6 +266,7 @@ class Supervisor:
             if self.channels is not None:
                 self.channels.close_all()
             self.sweeper.close()
+            self.scans.close()
             if self.remove_rundir:
                 shutil.rmtree(self.rd.path, ignore_errors=True)
             else:
@@ -285,13 +301,45 @@ class Supervisor:
         self.handle(conn, req)
 
     def on_door_close(self, conn: Conn) -> None:
-        for lot in (self.waiters, self.followers, self.event_waiters, self.claims):
+        for lot in (self.waiters, self.followers, self.event_waiters, self.claims,
+                    self.scan_waiters):
             lot.drop_peer(conn.key)
 
     def handle(self, peer: Peer, req: protocol.Request) -> None:
         """One request from either transport: the same verbs, the same authorization."""
         answer(lambda: handlers.dispatch(self, peer, req), req, peer,
                lambda r: self.reply(peer, r), log, handlers.PENDING, self.door)
+
+    def after_scan(self, peer: Peer, rid: protocol.RequestId, compute: ScanReply) -> None:
+        """Answer a request with ``compute(processes)`` from a /proc scan that begins after
+        it (``pids``, ``stats``): the scan runs on a thread, the reply is computed here."""
+        if not self.scans.busy:
+            self.scan_seq += 1
+        need = self.scan_seq if not self.scans.busy else self.scan_seq + 1
+        self.scans.start()  # now, or as the next one when the running one is in
+        self.scan_waiters.park(need, peer, rid, SCAN_HOLD, compute, lambda p: self.reply(
+            p.peer, protocol.error(p.rid, TetherError(
+                f"reading /proc took longer than {SCAN_HOLD:g}s; try again"))))
+
+    def scanned(self) -> None:
+        try:
+            procs, failed = self.scans.result(), None
+        except OSError as exc:
+            procs, failed = [], TetherError(f"cannot read /proc: {exc}")
+        for p in self.scan_waiters.take(self.scan_seq):
+            try:
+                if failed is not None:
+                    raise failed
+                reply = protocol.ok(p.rid, p.value(procs))
+            except TetherError as exc:
+                reply = protocol.error(p.rid, exc)
+            except Exception:  # as for any handler: a bug is answered, never sent
+                log.exception("computing a reply from a /proc scan")
+                reply = protocol.error(p.rid, TetherError("internal error"))
+            self.reply(p.peer, reply)
+        if self.scans.again:
+            self.scan_seq += 1
+            self.scans.start()
 
     def reply(self, peer: Peer, reply: protocol.Reply) -> None:
         if isinstance(peer, Conn):
