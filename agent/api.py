@@ -23,7 +23,7 @@ import tether
 from tether.agent import users
 from tether.agent.db import ACTIVE, FINAL, SCHEMA_VERSION, Job
 from tether.agent.ledger import Request as ResourceRequest
-from tether.shared import outpattern, protocol
+from tether.shared import jobopts, outpattern, protocol
 from tether.shared.cgroup import CgroupError
 from tether.shared.door import Conn
 from tether.shared.errors import (
@@ -57,6 +57,8 @@ MAX_COMMAND_BYTES = 128 * 1024
 PMI_KINDS = ("none", "pmi1", "pmi2")
 #: The node name keeps two agents' outputs apart in a shared directory (job ids are per agent).
 DEFAULT_OUTPUT = "tether-%N-%j.out"
+#: An array element's: Slurm's %A_%a
+DEFAULT_ARRAY_OUTPUT = "tether-%N-%A_%a.out"
 
 
 def hello(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
@@ -71,6 +73,9 @@ def status(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
                            "protocol": protocol.PROTOCOL_VERSION, "schema": SCHEMA_VERSION,
                            "pid": os.getpid(), "state_dir": agent.cfg.state_dir}
     out.update(agent.ledger.usage())
+    if agent.ledger.oversubscribed:
+        out["oversubscribed"] = {"logical": len(agent.ledger.cpu_ids),
+                                 "real": list(agent.ledger.allowed)}
     out["jobs"] = agent.db.counts()
     out["cgroup"] = agent.contain.status()
     out["db_syncs"] = agent.db.syncs  # group commit: fsyncs of the database so far
@@ -153,7 +158,8 @@ def task_paths(out: str, err: str, ntasks: int) -> set[str]:
 def submit(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
     args = req.args
     check_known(args, req.kind, ("command", "name", "cpus", "gpus", "memory_mb", "ntasks",
-                                 "output", "error", "workdir", "env", "pmi", "user", "umask"))
+                                 "output", "error", "workdir", "env", "pmi", "user", "umask",
+                                 "time_limit", "hold", "dependency", "array"))
     command = arg_str_list(args, "command")
     if not command or not command[0]:
         raise BadRequest("a job needs a command")
@@ -182,33 +188,40 @@ def submit(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
     output = _abs_path(args, "output", workdir)
     error = _abs_path(args, "error", workdir)
     user_name = arg_str(args, "user", optional=True, max_len=64)
+    sched = _sched_args(agent, args)
+    indices, array_max = _array_arg(args)
     why = agent.ledger.never_fits(ResourceRequest(cpus * ntasks, gpus, memory))
     if why:
         per = f" ({ntasks} tasks x {cpus} CPUs)" if ntasks > 1 else ""
         raise ResourceError(f"job can never run on node {agent.cfg.node}: it {why}{per}")
     # The output paths name the job id, so the id is reserved now and the job recorded only
     # once the user's side checked out: a refused job, or one whose submitter went away
-    # meanwhile, leaves no trace.
-    job_id = agent.reserve_id()
+    # meanwhile, leaves no trace. An array reserves one id per element, consecutive.
+    count = len(indices) if indices else 1
+    job_id = agent.reserve_id(count)
+    ids = range(job_id, job_id + count)
     node = agent.cfg.node
+    array_id = job_id if indices else None
 
-    def check() -> tuple[users.User, str, str]:
+    def check() -> tuple[users.User, list[tuple[str, str]]]:
         """On the worker thread: who the user is (NSS may be slow), her file names (``%u``),
         and, as that user, whether the workdir can be entered and the outputs written (root
         would see what she cannot)."""
         user = _submitter(peer, user_name)
-        default = os.path.join(workdir, DEFAULT_OUTPUT)
-        out, err = expand_paths(job_id, name, output or default, error or output or default,
-                                user.name, node)
-        paths = sorted(task_paths(out, err, ntasks))
+        default = os.path.join(workdir, DEFAULT_ARRAY_OUTPUT if indices else DEFAULT_OUTPUT)
+        names = [expand_paths(i, name, output or default, error or output or default,
+                              user.name, node, array_id, indices[k] if indices else None)
+                 for k, i in enumerate(ids)]
+        paths = sorted(set().union(*(task_paths(out, err, ntasks) for out, err in names)))
         if user.uid == os.geteuid():
             users.check_own_access(workdir, paths)
         else:
             users.check_access(user, workdir, paths)
-        return user, out, err
+        return user, names
 
-    def checked(got: tuple[users.User, str, str] | None, exc: BaseException | None) -> None:
-        agent.release_id(job_id)
+    def checked(got: tuple[users.User, list[tuple[str, str]]] | None,
+                exc: BaseException | None) -> None:
+        agent.release_id(job_id, count)
         if peer.closed:
             return  # nobody to tell the id to: nothing is recorded
         if exc is not None:
@@ -218,16 +231,23 @@ def submit(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
             agent.reply(peer, protocol.error(req.id, exc))
             return
         assert got is not None
-        user, out, err = got
+        user, names = got
+        now = rfc3339_now()
         try:
             agent.db.begin()
             try:
-                job = agent.db.insert(
-                    id=job_id, name=name, command=command, state="pending", cpus_per_task=cpus,
-                    ntasks=ntasks, gpus_req=gpus, memory_mb=memory, output=out, error=err,
-                    workdir=workdir, env=env, submitted_at=rfc3339_now(), pmi=pmi,
-                    user=user.name, uid=user.uid, gid=user.gid)
-                agent.db.set_umask(job_id, umask)
+                for k, i in enumerate(ids):
+                    out, err = names[k]
+                    agent.db.insert(
+                        id=i, name=name, command=command, state="pending", cpus_per_task=cpus,
+                        ntasks=ntasks, gpus_req=gpus, memory_mb=memory, output=out, error=err,
+                        workdir=workdir, env=env, submitted_at=now, pmi=pmi,
+                        user=user.name, uid=user.uid, gid=user.gid)
+                    agent.db.set_umask(i, umask)
+                    element = ({"array_id": array_id, "array_index": indices[k],
+                                "array_max": array_max} if indices else {})
+                    if sched or element:
+                        agent.db.set_sched(i, **sched, **element)
                 agent.db.commit()
             except BaseException:
                 agent.db.rollback()
@@ -236,13 +256,73 @@ def submit(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
             agent.reply(peer, protocol.error(req.id, full))
             return
         agent.schedule_due = True
-        agent.reply(peer, protocol.ok(req.id, job.public()))
+        agent.reply(peer, protocol.ok(req.id, agent.public(agent.db.get_required(job_id))))
     try:
         agent.offload.submit(check, checked, "submissions")
     except BaseException:
-        agent.release_id(job_id)
+        agent.release_id(job_id, count)
         raise
     return PENDING
+
+
+def _sched_args(agent: Agent, args: Any) -> dict[str, Any]:
+    """The job_sched facts of a submission: its time limit (the node's default, refused over
+    its maximum), its hold and its dependencies (resolved to job ids, arrays to their
+    elements)."""
+    out: dict[str, Any] = {}
+    limit: float | None = None
+    if args.get("time_limit") is not None:
+        limit = arg_number(args, "time_limit", default=0.0, minimum=0.001,
+                           maximum=jobopts.MAX_TIME)
+    elif agent.cfg.default_time is not None:
+        limit = agent.cfg.default_time
+    if limit is not None and agent.cfg.max_time is not None and limit > agent.cfg.max_time:
+        raise BadRequest(f"time limit {jobopts.format_time(limit)} is over node "
+                         f"{agent.cfg.node}'s maximum of {jobopts.format_time(agent.cfg.max_time)}")
+    if limit is not None:
+        out["time_limit"] = limit
+    hold = args.get("hold", False)
+    if not isinstance(hold, bool):
+        raise BadRequest("argument 'hold' must be true or false")
+    if hold:
+        out["held"] = True
+    text = arg_str(args, "dependency", optional=True, max_len=16384)
+    if text:
+        try:
+            refs = jobopts.parse_dependency(text)
+        except ValueError as exc:
+            raise BadRequest(str(exc)) from None
+        deps: list[tuple[str, int]] = []
+        for kind, job, index in refs:
+            deps += [(kind, j.id) for j in _targets(agent, job, index)]
+        out["dependency"] = list(dict.fromkeys(deps))
+    return out
+
+
+def _array_arg(args: Any) -> tuple[list[int], int | None]:
+    text = arg_str(args, "array", optional=True, max_len=4096)
+    if not text:
+        return [], None
+    try:
+        return jobopts.parse_array(text)
+    except ValueError as exc:
+        raise BadRequest(str(exc)) from None
+
+
+def _targets(agent: Agent, job_id: int, index: int | None) -> list[Job]:
+    """The jobs a reference names: ``ID_INDEX`` one element; ``ID`` the job, or every element
+    when ID is an array's (Slurm: ``scancel 12`` is the whole array)."""
+    if index is not None:
+        job = agent.db.element(job_id, index)
+        if job is None:
+            raise NotFound(f"no job {job_id}_{index}")
+        return [job]
+    job = agent.db.get(job_id)
+    if job is None:
+        raise NotFound(f"no job {job_id}")
+    if job.array_id == job.id:
+        return agent.db.array_elements(job.id)
+    return [job]
 
 
 def list_jobs(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
@@ -253,7 +333,7 @@ def list_jobs(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
     out: list[dict[str, Any]] = []
     size = 0
     for job in jobs[:limit]:
-        pub = job.public()
+        pub = agent.public(job)
         size += len(msgpack.packb(pub))
         if out and size > LIST_PAGE_BYTES:  # by size too: a page must fit in one frame
             return {"jobs": out, "more": True}
@@ -261,41 +341,107 @@ def list_jobs(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
     return {"jobs": out, "more": len(jobs) > limit}
 
 
+def _index(args: Any) -> int | None:
+    if args.get("index") is None:
+        return None
+    return arg_int(args, "index", minimum=0, maximum=jobopts.MAX_INDEX)
+
+
+def _one(agent: Agent, args: Any) -> Job:
+    """The job ``job`` (and ``index``, an array element) names, itself."""
+    index = _index(args)
+    if index is None:
+        job: Job = _job(agent, args)
+        return job
+    return _targets(agent, arg_int(args, "job", minimum=1), index)[0]
+
+
 def show(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
-    check_known(req.args, req.kind, ("job",))
-    return _job(agent, req.args).public()
+    check_known(req.args, req.kind, ("job", "index"))
+    return agent.public(_one(agent, req.args))
 
 
 def wait(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
-    check_known(req.args, req.kind, ("job", "hold"))
-    job = _job(agent, req.args)
-    _owner_or_root(agent, peer, job, "wait")
+    """Park until the job ends; for an array's id (without ``index``) until every element
+    has, answered with the first element that did not complete (else the last)."""
+    check_known(req.args, req.kind, ("job", "hold", "index"))
+    index = _index(req.args)
+    jobs = _targets(agent, arg_int(req.args, "job", minimum=1), index)
+    for job in jobs:
+        _owner_or_root(agent, peer, job, "wait")
     hold = arg_number(req.args, "hold", default=30.0, maximum=MAX_HOLD)
-    if job.final:
-        return {"done": True, "job": job.public()}
-    agent.add_waiter(job.id, peer, req.id, hold)
+    whole = len(jobs) > 1 or (jobs[0].array_id == jobs[0].id and index is None)
+    if all(job.final for job in jobs):
+        return {"done": True, "job": agent.public(array_outcome(jobs) if whole else jobs[0])}
+    agent.add_waiter(-jobs[0].id if whole else jobs[0].id, peer, req.id, hold)
     return PENDING
 
 
+def array_outcome(jobs: list[Job]) -> Job:
+    """An array's result, as ``wait`` gives it: its first element that did not complete, else
+    its last."""
+    return next((j for j in jobs if j.state != "completed"), jobs[-1])
+
+
 def cancel(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
-    check_known(req.args, req.kind, ("job",))
-    job = _job(agent, req.args)
-    _owner_or_root(agent, peer, job, "cancel")
-    if job.state in FINAL:
-        raise StateError(f"job {job.id} has already ended ({job.state})")
-    if job.state == "pending":
-        return agent.cancel_pending(job).public()
-    assert job.state in ACTIVE
-    job = agent.db.update(job.id, cancel_requested=1)  # durable before anything is sent
-    agent.cancel(job)
-    return job.public()
+    """Cancel a job, an array element, or every element of an array not ended yet."""
+    check_known(req.args, req.kind, ("job", "index"))
+    index = _index(req.args)
+    jobs = _targets(agent, arg_int(req.args, "job", minimum=1), index)
+    for job in jobs:
+        _owner_or_root(agent, peer, job, "cancel")
+    live = [job for job in jobs if job.state not in FINAL]
+    if not live:
+        what = "every element of array" if len(jobs) > 1 else "job"
+        raise StateError(f"{what} {jobs[0].id if index is None else f'{jobs[0].array_id}_{index}'}"
+                         f" has already ended ({jobs[-1].state})")
+    for job in live:
+        if job.state == "pending":
+            agent.cancel_pending(job)
+            continue
+        assert job.state in ACTIVE
+        job = agent.db.update(job.id, cancel_requested=1)  # durable before anything is sent
+        agent.cancel(job)
+    return agent.public(agent.db.get_required(live[0].id))
+
+
+def _hold_or_release(agent: Agent, peer: Peer, req: protocol.Request, held: bool) -> Any:
+    check_known(req.args, req.kind, ("job", "index"))
+    index = _index(req.args)
+    jobs = _targets(agent, arg_int(req.args, "job", minimum=1), index)
+    verb = "hold" if held else "release"
+    for job in jobs:
+        _owner_or_root(agent, peer, job, verb)
+    pending = [job for job in jobs if job.state == "pending"]
+    if not pending:
+        raise StateError(f"job {jobs[0].id if index is None else f'{jobs[0].array_id}_{index}'}"
+                         f" is {jobs[0].state}: only a pending job can be "
+                         f"{'held' if held else 'released'}")
+    agent.db.begin()
+    try:
+        for job in pending:
+            agent.db.set_sched(job.id, held=held)
+        agent.db.commit()
+    except BaseException:
+        agent.db.rollback()
+        raise
+    agent.schedule_due = True
+    return {"jobs": [job.id for job in pending]}
+
+
+def hold(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
+    return _hold_or_release(agent, peer, req, True)
+
+
+def release(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
+    return _hold_or_release(agent, peer, req, False)
 
 
 def suspend(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
     """Freeze the job's cgroup; its row stays ``running`` and ``suspended_at`` says since when
     (written after the freeze: a failed freeze records nothing)."""
-    check_known(req.args, req.kind, ("job",))
-    job = _job(agent, req.args)
+    check_known(req.args, req.kind, ("job", "index"))
+    job = _one(agent, req.args)
     _owner_or_root(agent, peer, job, "suspend")
     if job.suspended:
         raise StateError(f"job {job.id} is already suspended")
@@ -312,15 +458,15 @@ def suspend(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
         agent.contain.thaw(job.id, job.attempt)  # not recorded: not suspended either
         raise
     log.info("job %d suspended (uid %d)", job.id, peer.uid)
-    return job.public()
+    return agent.public(job)
 
 
 def resume(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
-    check_known(req.args, req.kind, ("job",))
-    job = _job(agent, req.args)
+    check_known(req.args, req.kind, ("job", "index"))
+    job = _one(agent, req.args)
     _owner_or_root(agent, peer, job, "resume")
     if not job.suspended:
-        raise StateError(f"job {job.id} is {job.public()['state']}, not suspended")
+        raise StateError(f"job {job.id} is {agent.public(job)['state']}, not suspended")
     # Recorded first: a crash after it leaves the job running in the record and frozen in the
     # kernel at worst, which cancel settles (it thaws); the reverse would count a running
     # job's time as suspended. (The reply waits for the write to be durable: group commit.)
@@ -331,7 +477,7 @@ def resume(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
     except CgroupError as exc:
         raise StateError(f"cannot resume job {job.id}: {exc}") from None
     log.info("job %d resumed (uid %d)", job.id, peer.uid)
-    return job.public()
+    return agent.public(job)
 
 
 HANDLERS: dict[str, Handler] = {
@@ -342,6 +488,8 @@ HANDLERS: dict[str, Handler] = {
     "show": show,
     "wait": wait,
     "cancel": cancel,
+    "hold": hold,
+    "release": release,
     "suspend": suspend,
     "resume": resume,
 }

@@ -40,15 +40,16 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 import zmq
 
 import tether
 import tether.shared.records
-from tether.agent import api, fallback, lifecycle, statedir, users
+from tether.agent import api, fallback, lifecycle, schedule, statedir, users
 from tether.agent.contain import BadBase, Containment
-from tether.agent.db import ACTIVE, Job, Store, StoreFull
+from tether.agent.db import ACTIVE, Job, Queued, Store, StoreFull
 from tether.agent.ledger import Allocation, Conflict, Ledger, Request
 from tether.agent.link import Link
 from tether.agent.offload import Offload
@@ -75,6 +76,25 @@ RETRY_UNRESPONSIVE = 5.0
 UPGRADE_PAUSE = 1.5
 #: after a database write failed for want of space, the event is fed again this much later
 RETRY_FULL = 1.0
+#: pending jobs a pass of the scheduler plans for that could start (Slurm's bf_max_job_test),
+#: and the most it reads to find them (held and waiting jobs are read but do not count)
+SCHED_WINDOW = 100
+SCHED_SCAN = 5000
+
+
+@dataclass
+class RunInfo:
+    """What the scheduler knows of a job holding resources: its limit, start and array."""
+
+    limit: float | None = None
+    #: epoch seconds: the supervisor's start of the tasks once known, else when it was started
+    start: float | None = None
+    group: int | None = None
+
+    def end(self, now: float) -> float | None:
+        if self.limit is None:
+            return None
+        return (now if self.start is None else self.start) + self.limit
 
 
 @dataclass
@@ -85,6 +105,9 @@ class AgentConfig:
     memory_mb: int
     node: str
     cancel_grace: float = 10.0
+    #: time limits (seconds): given to a job submitted without one; the most a job may ask for
+    default_time: float | None = None
+    max_time: float | None = None
     claim_timeout: float = 120.0
     linger: float = 3600.0
     faults: frozenset[str] = field(default_factory=frozenset)
@@ -136,6 +159,12 @@ class Agent:
         #: the allocation each job holds in the ledger right now (released exactly once)
         self.allocations: dict[int, Allocation] = {}
         self.schedule_due = False
+        #: the scheduler's last word on each pending job it examined (``public``)
+        self.pending_reasons: dict[int, str] = {}
+        #: the last id the scheduler examined when it examined a full window, else None
+        self.queue_end: int | None = None
+        #: limit, start and array of every job holding resources (``schedule``)
+        self.run_info: dict[int, RunInfo] = {}
         self.pidfd_owners: dict[int, Link] = {}
         self.lock_fd = -1
         self.dir_fd = -1
@@ -144,7 +173,8 @@ class Agent:
         self.spawner = Spawner(self.layout, self.timers,
                                watch=lambda fd: self.poller.register(fd, zmq.POLLIN),
                                unwatch=self.poller.unregister,
-                               use_template=not agent_fault(cfg.faults, "no-template"))
+                               use_template=not agent_fault(cfg.faults, "no-template"),
+                               hold_prep=agent_fault(cfg.faults, "hold-spawn-prep"))
         #: what this turn of the loop tells anyone or does to a process, held until the turn's
         #: commits are durable (``hold``, ``flush``): replies, spawns, requests to supervisors
         self.held: deque[Callable[[], None]] = deque()
@@ -353,15 +383,16 @@ class Agent:
         answer(lambda: api.dispatch(self, conn, req), req, conn,
                lambda r: self.reply(conn, r), log, api.PENDING, self.door)
 
-    def reserve_id(self) -> int:
-        """The id the next recorded job gets, held until ``release_id``. A refused submission
-        gives its id back when no later one was handed out, so ids stay dense."""
+    def reserve_id(self, count: int = 1) -> int:
+        """The first of ``count`` consecutive ids the next recorded jobs get, held until
+        ``release_id``. A refused submission gives its ids back when no later one was handed
+        out, so ids stay dense."""
         job_id = max(self.db.last_id(), max(self.reserved, default=0)) + 1
-        self.reserved.add(job_id)
+        self.reserved.update(range(job_id, job_id + count))
         return job_id
 
-    def release_id(self, job_id: int) -> None:
-        self.reserved.discard(job_id)
+    def release_id(self, job_id: int, count: int = 1) -> None:
+        self.reserved.difference_update(range(job_id, job_id + count))
 
     def on_door_close(self, conn: Conn) -> None:
         self.waiters.drop_peer(conn.key)
@@ -382,33 +413,114 @@ class Agent:
         if self.cluster is not None:
             self.hold(functools.partial(self.cluster.job_ended, job))
         for p in self.waiters.take(job.id):
-            self.reply(p.peer, protocol.ok(p.rid, {"done": True, "job": job.public()}))
+            self.reply(p.peer, protocol.ok(p.rid, {"done": True, "job": self.public(job)}))
+        if job.array_id is not None and self.waiters.parked(-job.array_id):
+            # ``wait`` of the whole array (parked under minus its id): once every element ended
+            elements = self.db.array_elements(job.array_id)
+            if all(e.final for e in elements):
+                outcome = self.public(api.array_outcome(elements))
+                for p in self.waiters.take(-job.array_id):
+                    self.reply(p.peer, protocol.ok(p.rid, {"done": True, "job": outcome}))
 
     # ---- scheduling ------------------------------------------------------------------------
 
     def schedule(self) -> None:
-        """Start queued jobs in strict FIFO order while the head of the queue fits."""
+        """One pass of the scheduler (``schedule.plan``, EASY backfill): start what may start
+        now, cancel what can never start, and note why every other examined job waits."""
+        jobs, more = self.queue()
+        states = self.db.states_of({j for job in jobs for _, j in job.dependency})
+        pending: list[schedule.Pending] = []
+        doomed: list[Queued] = []
+        for job in jobs:
+            blocked = None
+            if job.dependency:
+                dep = schedule.dependency_state(job.dependency, states)
+                if dep == schedule.NEVER:
+                    doomed.append(job)
+                    continue
+                blocked = schedule.DEPENDENCY if dep == schedule.WAITING else None
+            if job.held:
+                blocked = schedule.HELD
+            pending.append(schedule.Pending(
+                job.id, schedule.Res(job.cpus, job.gpus, job.memory_mb),
+                job.time_limit, blocked, job.array_id, job.array_max))
+        now = time.time()
+        running = [schedule.Running(job_id, schedule.Res(len(a.cpus), len(a.gpus), a.memory_mb),
+                                    self.run_info.get(job_id, RunInfo()).end(now),
+                                    self.run_info.get(job_id, RunInfo()).group)
+                   for job_id, a in self.allocations.items()]
+        free = schedule.Res(len(self.ledger.free_cpus), len(self.ledger.free_gpus),
+                            self.ledger.free_memory)
+        plan = schedule.plan(pending, running, free, now, grace=self.cfg.cancel_grace)
+        self.pending_reasons = plan.reasons
+        self.queue_end = jobs[-1].id if more else None
+        for n, job_id in enumerate(plan.start):
+            if not self.start(self.db.get_required(job_id)):  # the plan and the ledger differ
+                log.error("job %d: planned to start but does not fit; the next pass decides",
+                          job_id)
+                self.pending_reasons.update(dict.fromkeys(plan.start[n:], schedule.RESOURCES))
+                break
+        for queued in doomed:
+            # Slurm's kill_invalid_depend: a dependency that can never be satisfied cancels
+            self.job_ended(self.finalize(queued.id, lifecycle.Finalize(
+                state="cancelled", reason=schedule.NEVER)))
+            self.schedule_due = True  # its own dependents, next pass
+
+    def queue(self) -> tuple[list[Queued], bool]:
+        """The pending jobs the scheduler examines: in queue order, until SCHED_WINDOW of them
+        could start now (held and waiting ones are passed over and do not count); and whether
+        more pending jobs follow."""
+        out: list[Queued] = []
+        eligible = 0
         while True:
-            job = self.db.first_pending()
-            if job is None:
-                return
-            alloc = self.ledger.allocate(Request(job.cpus_per_task * job.ntasks, job.gpus_req,
-                                                 job.memory_mb))
-            if alloc is None:
-                return
-            attempt = job.attempt + 1
-            try:
-                job = self.db.update(job.id, state="starting", attempt=attempt,
-                                     cpus=list(alloc.cpus), gpus=list(alloc.gpus), pids=[],
-                                     supervisor_pid=None, supervisor_ticks=None,
-                                     supervisor_boot=None, supervisor_session=None)
-            except BaseException:
-                self.ledger.release(alloc)  # nothing was recorded: nothing is held
-                raise
-            self.allocations[job.id] = alloc
-            machine, effects = lifecycle.start(job.id, attempt, cancel=job.cancel_requested)
-            self.machines[job.id] = machine
-            self.perform(machine, effects)
+            page = self.db.queue(out[-1].id if out else 0, SCHED_WINDOW)
+            for job in page:
+                if eligible >= SCHED_WINDOW or len(out) >= SCHED_SCAN:
+                    return out, True
+                out.append(job)
+                eligible += not (job.held or job.dependency)
+            if len(page) < SCHED_WINDOW:
+                return out, False
+
+    def start(self, job: Job) -> bool:
+        """Allocate, record and spawn one job the plan starts; False if it does not fit."""
+        alloc = self.ledger.allocate(Request(job.cpus_per_task * job.ntasks, job.gpus_req,
+                                             job.memory_mb))
+        if alloc is None:
+            return False
+        attempt = job.attempt + 1
+        try:
+            job = self.db.update(job.id, state="starting", attempt=attempt,
+                                 cpus=list(alloc.cpus), gpus=list(alloc.gpus), pids=[],
+                                 supervisor_pid=None, supervisor_ticks=None,
+                                 supervisor_boot=None, supervisor_session=None)
+        except BaseException:
+            self.ledger.release(alloc)  # nothing was recorded: nothing is held
+            raise
+        self.allocations[job.id] = alloc
+        self.run_info[job.id] = RunInfo(job.time_limit, time.time(), job.array_id)
+        machine, effects = lifecycle.start(job.id, attempt, cancel=job.cancel_requested)
+        self.machines[job.id] = machine
+        self.perform(machine, effects)
+        return True
+
+    def public(self, job: Job) -> dict[str, Any]:
+        """The job object, with a pending job's reason as the last pass of the scheduler saw
+        it (Slurm's words)."""
+        if job.state == "pending":
+            if job.held:
+                job.pending_reason = schedule.HELD
+            elif job.id in self.pending_reasons:
+                job.pending_reason = self.pending_reasons[job.id]
+            elif self.queue_end is not None and job.id > self.queue_end:
+                job.pending_reason = schedule.DEPENDENCY if job.dependency else \
+                    schedule.PRIORITY
+        return job.public()
+
+    def note_start(self, job: Job) -> None:
+        """The supervisor's own start of the tasks: where its time limit counts from."""
+        stamp = _epoch(job.started_at)
+        self.run_info[job.id] = RunInfo(job.time_limit, stamp, job.array_id)
 
     def identity(self, job: Job, umask: int) -> dict[str, Any]:
         """Who the tasks run as: the job's user, looked up again at launch (groups may change).
@@ -468,6 +580,10 @@ class Agent:
             **ident,
             "cgroup": self.contain.plan(job.id, job.attempt, job.memory_mb),
         }
+        if job.time_limit is not None:
+            spec["time_limit"] = job.time_limit  # the supervisor enforces it (survives us)
+        if job.array_id is not None:
+            spec["array"] = {"id": job.array_id, "index": job.array_index}
         try:
             self.spawner.spawn(
                 rd, spec,
@@ -475,13 +591,19 @@ class Agent:
                                             job.id, job.attempt, pid),
                 # only once it is bound: hello and claim reach it at once (spawn.py)
                 on_ready=lambda: self.feed(job.id, job.attempt, lifecycle.Spawned(pid=0)),
-                on_gone=lambda why: self.spawn_gone(job.id, job.attempt, why))
+                on_gone=lambda why: self.spawn_gone(job.id, job.attempt, why),
+                on_failed=lambda exc: self.spawn_failed(job.id, job.attempt, exc))
         except (SpawnError, OSError) as exc:
-            log.error("job %d: %s", job.id, exc)
-            if os.path.isdir(rd.path) and not fallback.lock_is_free(rd):
-                self.feed(job.id, job.attempt, lifecycle.Spawned(pid=0))  # it did start
-            else:
-                self.feed(job.id, job.attempt, lifecycle.SpawnFailed(reason=str(exc)))
+            self.spawn_failed(job.id, job.attempt, exc)
+
+    def spawn_failed(self, job_id: int, attempt: int, exc: BaseException) -> None:
+        """No supervisor could be started for the attempt (unless its lock says otherwise)."""
+        log.error("job %d: %s", job_id, exc)
+        rd = self.layout.run_dir(job_id, attempt)
+        if os.path.isdir(rd.path) and not fallback.lock_is_free(rd):
+            self.feed(job_id, attempt, lifecycle.Spawned(pid=0))  # it did start
+        else:
+            self.feed(job_id, attempt, lifecycle.SpawnFailed(reason=str(exc)))
 
     def spawn_gone(self, job_id: int, attempt: int, why: str) -> None:
         """The new supervisor ended before it was ready (its ready pipe closed unwritten)."""
@@ -560,6 +682,7 @@ class Agent:
                 job = self.db.update(m.job, state="running", pids=list(eff.pids),
                                      started_at=eff.started_at or rfc3339_now(), **who)
                 self.idents.pop(m.job, None)  # only once written: a full disk retries it
+                self.note_start(job)
                 log.info("job %d attempt %d running: pids %s", m.job, m.attempt, job.pids)
                 if self.cluster is not None:
                     self.hold(functools.partial(self.cluster.job_running, job))
@@ -878,6 +1001,7 @@ class Agent:
         return job
 
     def release(self, job_id: int) -> None:
+        self.run_info.pop(job_id, None)
         alloc = self.allocations.pop(job_id, None)
         if alloc is not None:
             self.ledger.release(alloc)
@@ -928,6 +1052,7 @@ class Agent:
             self.feed(job.id, job.attempt, lifecycle.Conflict(reason=str(exc)))
             return
         self.allocations[job.id] = job.allocation
+        self.note_start(job)
         self.feed(job.id, job.attempt, lifecycle.Restored())
         rd = self.layout.run_dir(job.id, job.attempt)
         if not os.path.isdir(rd.path):
@@ -964,6 +1089,15 @@ def _inode(path: str) -> tuple[int, int, int] | None:
     except OSError:
         return None
     return (st.st_dev, st.st_ino, st.st_ctime_ns)
+
+
+def _epoch(stamp: str | None) -> float | None:
+    if not stamp:
+        return None
+    try:
+        return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
 
 
 def _wake_only(signum: int, frame: object) -> None:

@@ -32,7 +32,7 @@ _FULL_CODES = (13, 13 | (1 << 8))  # SQLITE_FULL; SQLITE_IOERR is 10, handled by
 log = logging.getLogger("tether.agent")
 
 ACTIVE = ("starting", "running")
-FINAL = ("completed", "failed", "cancelled", "lost")
+FINAL = ("completed", "failed", "cancelled", "lost", "timeout")
 STATES = ("pending", *ACTIVE, *FINAL)
 
 # ---- schema versions ------------------------------------------------------------------------
@@ -130,6 +130,15 @@ MIGRATIONS: list[Migration] = [
     Migration("the submitter's umask of each job (issue 7), in a table of its own",
               sql("CREATE TABLE IF NOT EXISTS job_umask (id INTEGER PRIMARY KEY, "
                   "umask INTEGER NOT NULL)")),
+    # Issue 13's scheduling facts, beside ``jobs`` for the same reason: the time limit
+    # (seconds), a user hold, the dependencies (JSON: [[kind, job id], ...]) and the array an
+    # element belongs to (array_id: its first element's id; array_max: Slurm's %MAX).
+    Migration("job_sched: time limits, holds, dependencies and arrays (issue 13), in a table "
+              "of its own",
+              sql("CREATE TABLE IF NOT EXISTS job_sched (id INTEGER PRIMARY KEY, "
+                  "time_limit REAL, held INTEGER NOT NULL DEFAULT 0, dependency TEXT, "
+                  "array_id INTEGER, array_index INTEGER, array_max INTEGER)",
+                  "CREATE INDEX IF NOT EXISTS job_sched_array ON job_sched(array_id)")),
     # Beside the jobs table too (issue 9). A job is suspended while suspended_at is set (the
     # wall-clock second it was frozen); its state column stays "running", which is what an
     # agent rolled back to an older release understands.
@@ -142,15 +151,20 @@ MIGRATIONS: list[Migration] = [
 
 #: the fields of Job kept in job_facts rather than jobs
 _FACTS = ("supervisor_boot", "supervisor_session", "core_dumped")
+#: the fields of Job kept in job_sched
+_SCHED = ("time_limit", "held", "dependency", "array_id", "array_index", "array_max")
 #: the fields of Job kept in job_cgroup
 _CGROUP = ("oom", "suspended_at", "suspended_seconds")
 #: every query reads jobs through this: job_facts' identity counts only while it is of the
 #: supervisor the jobs row names (an agent rolled back to 0.1.0 updates jobs alone)
 _SELECT = ("SELECT jobs.*, f.supervisor_ticks AS facts_ticks, f.supervisor_boot, "
            "f.supervisor_session, COALESCE(f.core_dumped, 0) AS core_dumped, "
+           "s.time_limit, COALESCE(s.held, 0) AS held, s.dependency, s.array_id, "
+           "s.array_index, s.array_max, "
            "COALESCE(cg.oom, 0) AS oom, cg.suspended_at, "
            "COALESCE(cg.suspended_seconds, 0) AS suspended_seconds "
            "FROM jobs LEFT JOIN job_facts f ON f.job = jobs.id "
+           "LEFT JOIN job_sched s ON s.id = jobs.id "
            "LEFT JOIN job_cgroup cg ON cg.job = jobs.id")
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -195,6 +209,18 @@ class Job:
     supervisor_boot: str | None = None
     supervisor_session: int | None = None
     core_dumped: bool = False
+    #: seconds the step may run (the supervisor enforces it), None: no limit
+    time_limit: float | None = None
+    #: held by its user (``submit --hold``, ``tether hold``): not started until released
+    held: bool = False
+    #: (kind, job id) pairs that must all be satisfied before it starts
+    dependency: list[tuple[str, int]] = field(default_factory=list)
+    #: an element of an array: the array's id (its first element's), its index, its %MAX
+    array_id: int | None = None
+    array_index: int | None = None
+    array_max: int | None = None
+    #: why a pending job waits (computed by the scheduler, never stored)
+    pending_reason: str | None = None
     #: the OOM killer took a process of the step (its memory limit was exceeded)
     oom: bool = False
     #: wall-clock time (epoch seconds) the job was suspended, while it is
@@ -221,7 +247,7 @@ class Job:
 
     def public(self) -> dict[str, Any]:
         """The job object of the CLI contract."""
-        return {
+        out: dict[str, Any] = {
             "id": self.id, "name": self.name, "command": self.command, "state": self.state,
             "attempt": self.attempt, "exit_code": self.exit_code, "signal": self.signal,
             "reason": self.reason, "cpus": self.cpus, "gpus": self.gpus,
@@ -231,10 +257,32 @@ class Job:
             "workdir": self.workdir, "submitted_at": self.submitted_at,
             "started_at": self.started_at, "ended_at": self.ended_at, "pmi": self.pmi,
             "user": self.user, "uid": self.uid, "core_dumped": self.core_dumped,
+            "time_limit": self.time_limit, "held": self.held,
+            "dependency": [f"{k}:{j}" for k, j in self.dependency],
+            "array_id": self.array_id, "array_index": self.array_index,
+            "array_max": self.array_max,
             # "suspended" is a state of the job object only: the row says running (db.py)
             "oom": self.oom, **({"state": "suspended"} if self.suspended else {}),
             "suspended_seconds": self.suspended_total(time.time()),
         }
+        if self.state == "pending" and self.pending_reason is not None:
+            out["reason"] = self.pending_reason  # Slurm's pending reason, as squeue shows it
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class Queued:
+    """A pending job as the scheduler sees it (``Store.queue``)."""
+
+    id: int
+    cpus: int
+    gpus: int
+    memory_mb: int
+    time_limit: float | None
+    held: bool
+    dependency: list[tuple[str, int]]
+    array_id: int | None
+    array_max: int | None
 
 
 _JSON_COLS = ("command", "cpus", "gpus", "pids", "env")
@@ -246,6 +294,8 @@ def _row(row: sqlite3.Row) -> Job:
         d[col] = json.loads(d[col])
     d["cancel_requested"] = bool(d["cancel_requested"])
     d["core_dumped"] = bool(d.get("core_dumped"))
+    d["held"] = bool(d.get("held"))
+    d["dependency"] = [tuple(x) for x in json.loads(d.get("dependency") or "[]")]
     d["oom"] = bool(d.get("oom"))
     if d.pop("facts_ticks", None) != d["supervisor_ticks"]:
         d["supervisor_boot"] = d["supervisor_session"] = None
@@ -396,6 +446,18 @@ class Store:
     def set_umask(self, job_id: int, umask: int) -> None:
         self._exec("INSERT OR REPLACE INTO job_umask (id, umask) VALUES (?, ?)", (job_id, umask))
 
+    def set_sched(self, job_id: int, **fields: Any) -> None:
+        """Write a job's scheduling facts (``_SCHED``) into job_sched."""
+        if "dependency" in fields:
+            fields["dependency"] = json.dumps([list(d) for d in fields["dependency"]])
+        if "held" in fields:
+            fields["held"] = int(bool(fields["held"]))
+        cols = ", ".join(fields)
+        marks = ", ".join("?" for _ in fields)
+        sets = ", ".join(f"{k} = excluded.{k}" for k in fields)
+        self._exec(f"INSERT INTO job_sched (id, {cols}) VALUES (?, {marks}) "
+                   f"ON CONFLICT(id) DO UPDATE SET {sets}", (job_id, *fields.values()))
+
     def umask_of(self, job_id: int) -> int:
         """The submitter's umask (jobs recorded before it was kept: 022)."""
         row = self._exec("SELECT umask FROM job_umask WHERE id = ?", (job_id,)).fetchone()
@@ -412,15 +474,18 @@ class Store:
         for col in _JSON_COLS:
             if col in fields:
                 fields[col] = json.dumps(fields[col])
+        sched = {k: fields.pop(k) for k in _SCHED if k in fields}
         facts = {k: fields.pop(k) for k in _FACTS if k in fields}
         if "supervisor_boot" in facts or "supervisor_session" in facts:
             facts["supervisor_ticks"] = fields.get("supervisor_ticks")
         cgroup = {k: fields.pop(k) for k in _CGROUP if k in fields}
         own = (not self.conn.in_transaction
-               and sum(1 for part in (fields, facts, cgroup) if part) > 1)
+               and sum(map(bool, (facts, fields, sched, cgroup))) > 1)
         if own:
-            self.begin()  # both tables or neither
+            self.begin()  # every table or none
         try:
+            if sched:
+                self.set_sched(job_id, **sched)
             if fields:
                 sets = ", ".join(f"{k} = ?" for k in fields)
                 self._exec(f"UPDATE jobs SET {sets} WHERE id = ?", (*fields.values(), job_id))
@@ -471,6 +536,41 @@ class Store:
     def first_pending(self) -> Job | None:
         row = self.conn.execute(
             f"{_SELECT} WHERE jobs.state = 'pending' ORDER BY jobs.id LIMIT 1").fetchone()
+        return None if row is None else _row(row)
+
+    def queue(self, after: int, limit: int) -> list[Queued]:
+        """Up to ``limit`` pending jobs after id ``after``, in queue order, with only what the
+        scheduler reads (a pass over hundreds of jobs decodes no environments)."""
+        rows = self.conn.execute(
+            "SELECT jobs.id, jobs.cpus_per_task * jobs.ntasks, jobs.gpus_req, jobs.memory_mb, "
+            "s.time_limit, COALESCE(s.held, 0), s.dependency, s.array_id, s.array_max "
+            "FROM jobs LEFT JOIN job_sched s ON s.id = jobs.id "
+            "WHERE jobs.state = 'pending' AND jobs.id > ? ORDER BY jobs.id LIMIT ?",
+            (after, limit))
+        return [Queued(r[0], r[1], r[2], r[3], r[4], bool(r[5]),
+                       [(k, j) for k, j in json.loads(r[6] or "[]")], r[7], r[8])
+                for r in rows]
+
+    def states_of(self, ids: set[int]) -> dict[int, str]:
+        """The states of these jobs (unknown ones left out)."""
+        out: dict[int, str] = {}
+        todo = sorted(ids)
+        for i in range(0, len(todo), 500):
+            chunk = todo[i:i + 500]
+            marks = ", ".join("?" for _ in chunk)
+            for job_id, state in self.conn.execute(
+                    f"SELECT id, state FROM jobs WHERE id IN ({marks})", chunk):
+                out[int(job_id)] = str(state)
+        return out
+
+    def array_elements(self, array_id: int) -> list[Job]:
+        rows = self.conn.execute(f"{_SELECT} WHERE s.array_id = ? ORDER BY jobs.id",
+                                 (array_id,))
+        return [_row(r) for r in rows]
+
+    def element(self, array_id: int, index: int) -> Job | None:
+        row = self.conn.execute(f"{_SELECT} WHERE s.array_id = ? AND s.array_index = ?",
+                                (array_id, index)).fetchone()
         return None if row is None else _row(row)
 
     def counts(self) -> dict[str, int]:

@@ -36,6 +36,8 @@ class Ledger:
         self.gpu_ids = list(range(gpus))
         self.memory_mb = memory_mb
         self.allowed = sorted(allowed) if allowed else list(self.cpu_ids)
+        self.identity = set(self.cpu_ids) <= set(self.allowed)
+        self.position = {c: i for i, c in enumerate(self.cpu_ids)}
         self.free_cpus = set(self.cpu_ids)
         self.free_gpus = set(self.gpu_ids)
         self.free_memory = memory_mb
@@ -106,10 +108,17 @@ class Ledger:
         self.free_gpus |= set(alloc.gpus) & set(self.gpu_ids)
         self.free_memory = min(self.memory_mb, self.free_memory + alloc.memory_mb)
 
+    @property
+    def oversubscribed(self) -> bool:
+        """More logical CPU ids than CPUs to run them on (``agent --oversubscribe``)."""
+        return len(self.cpu_ids) > len(self.allowed)
+
     def physical(self, cpu: int) -> int:
-        if cpu in self.allowed:
+        """The real CPU a logical id runs on: itself when every id is one this process may
+        run on, else the allowed CPUs in turn (a bijection unless oversubscribed)."""
+        if self.identity:
             return cpu
-        return self.allowed[cpu % len(self.allowed)]
+        return self.allowed[self.position.get(cpu, cpu) % len(self.allowed)]
 
     def usage(self) -> dict[str, dict[str, Any]]:
         return {

@@ -15,7 +15,9 @@ reaches it.
 - **Cold**, when the template is missing or broken (said once in the log): ``/bin/sh`` is
   started in a new session and backgrounds ``python -I -m tether.supervisor``, printing its pid.
 
-Neither waits: the template's reply, the shell's output and the ready pipe are fds the agent's
+Neither waits: the run directory and its spec are made on a worker thread (``prep``: mkdir,
+open, rename and rmtree wait for the file system, which a busy disk makes milliseconds each),
+and the template's reply, the shell's output and the ready pipe are fds the agent's
 poller watches (``owns``/``readable``). The supervisor writes one byte to the ready pipe once
 its socket is bound; only then does the agent connect, so its hello and claim arrive at once
 instead of at some later reconnect retry of libzmq. EOF on the pipe without that byte means
@@ -46,7 +48,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from tether.agent.offload import Offload
 from tether.shared import records, template_wire
+from tether.shared.errors import Busy
 from tether.shared.paths import Layout, RunDir
 from tether.shared.procid import ProcId
 from tether.shared.template_wire import TemplateError
@@ -75,6 +79,7 @@ class SpawnError(Exception):
 OnPid = Callable[[int], None]
 OnReady = Callable[[], None]
 OnGone = Callable[[str], None]
+OnFailed = Callable[[BaseException], None]
 
 
 class _Spawn:
@@ -103,7 +108,8 @@ class Spawner:
     """Every spawn in flight, and the agent's view of the supervisor template."""
 
     def __init__(self, layout: Layout, timers: Timers, watch: Callable[[int], None],
-                 unwatch: Callable[[int], None], *, use_template: bool = True) -> None:
+                 unwatch: Callable[[int], None], *, use_template: bool = True,
+                 hold_prep: bool = False) -> None:
         self.layout = layout
         self.timers = timers
         self.watch = watch
@@ -117,6 +123,12 @@ class Spawner:
         #: when the template last answered a request (it is busy, not hung, while this moves)
         self.template_answered = -1e9
         self.identity = template_wire.code_identity() if use_template else ""
+        #: the file system work of each spawn, off the agent's loop (results come back here)
+        self.prep = Offload(maxsize=1024)
+        self.watch(self.prep.fileno())
+        #: test-only fault ``hold-spawn-prep``: each preparation, its run directory made,
+        #: creates ``prep.held`` in the state directory and waits for ``prep.go`` there
+        self.hold_prep = hold_prep
 
     # ---- the template ----------------------------------------------------------------------
 
@@ -194,12 +206,13 @@ class Spawner:
     # ---- spawning --------------------------------------------------------------------------
 
     def spawn(self, rd: RunDir, spec: dict[str, Any], *, on_pid: OnPid, on_ready: OnReady,
-              on_gone: OnGone) -> None:
-        """Start a supervisor for ``rd``; raise ``SpawnError`` if nothing could be started.
+              on_gone: OnGone, on_failed: OnFailed) -> None:
+        """Start a supervisor for ``rd``, returning at once.
 
         ``on_pid`` gets its pid, ``on_ready`` is called once its socket is bound (or when
         ``READY_TIMEOUT`` has passed: the agent then connects and asks), ``on_gone`` if it
-        ended before it was ready. One of the last two, exactly once.
+        ended before it was ready, ``on_failed`` (with the ``SpawnError`` or ``OSError``) if
+        nothing could be started. One of the last three, exactly once, always later.
         """
         env = {k: v for k, v in os.environ.items()
                if k.startswith(("PYTHON", "LANG", "LC_", "TETHER_"))}
@@ -207,12 +220,32 @@ class Spawner:
         umask = os.umask(0o022)
         os.umask(umask)
         sp = _Spawn(rd, on_pid, on_ready, on_gone, env, umask)
-        _prepare(self.layout, rd, spec)
+        layout = self.layout
+        hold = self.hold_prep
+
+        def prepare() -> None:  # on the worker thread
+            _prepare(layout, rd, spec)
+            if hold:
+                _hold(layout.state_dir)
+
+        def prepared(_: Any, exc: BaseException | None) -> None:  # on the loop
+            if exc is None:
+                try:
+                    self._start(sp)
+                    return
+                except (SpawnError, OSError) as err:
+                    self._close(sp)
+                    exc = err
+            on_failed(exc)
         try:
-            self._start(sp)
-        except BaseException:
-            self._close(sp)
-            raise
+            self.prep.submit(prepare, prepared, "spawns")
+        except Busy:  # a thousand spawns in the queue: this one is prepared here instead
+            failed: BaseException | None = None
+            try:
+                _prepare(layout, rd, spec)
+            except (SpawnError, OSError) as exc:
+                failed = exc
+            self.timers.at(time.monotonic(), lambda: prepared(None, failed))
 
     def _start(self, sp: _Spawn) -> None:
         """Lock, ready pipe, then the template or else the shell."""
@@ -272,9 +305,12 @@ class Spawner:
     # ---- events ----------------------------------------------------------------------------
 
     def owns(self, fd: int) -> bool:
-        return fd in self.by_fd
+        return fd in self.by_fd or fd == self.prep.fileno()
 
     def readable(self, fd: int) -> None:
+        if fd == self.prep.fileno():
+            self.prep.service()
+            return
         sp = self.by_fd.get(fd)
         if sp is None:
             return
@@ -445,10 +481,14 @@ class Spawner:
         self._release_lock(sp)
 
     def close(self) -> None:
-        """The agent stops: drop every fd. Supervisors started or starting carry on."""
+        """The agent stops: drop every fd. Supervisors started or starting carry on (a spawn
+        still being prepared never starts: its job is 'starting' with no live supervisor,
+        which the next agent's reattach resolves as for a crash)."""
         for sp in {id(s): s for s in self.by_fd.values()}.values():
             self._close(sp)
         self.by_fd.clear()
+        self.unwatch(self.prep.fileno())
+        self.prep.close()
 
 
 # ---- helpers ----------------------------------------------------------------------------------
@@ -467,6 +507,14 @@ def _prepare(layout: Layout, rd: RunDir, spec: dict[str, Any]) -> None:
     # Not fsync'd (two fsyncs off every launch): its only reader is the supervisor, which a
     # power cut ends too; the run directory and lock are what a restarted agent looks at.
     records.atomic_write_json(rd.spec, spec, durable=False)
+
+
+def _hold(state_dir: str) -> None:
+    """The ``hold-spawn-prep`` fault: say so, then wait for the test's go (worker thread)."""
+    with open(os.path.join(state_dir, "prep.held"), "w"):
+        pass
+    while not os.path.exists(os.path.join(state_dir, "prep.go")):
+        time.sleep(0.02)
 
 
 def _lock(rd: RunDir) -> int:

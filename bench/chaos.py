@@ -99,7 +99,7 @@ class Agent:
     def start(self) -> None:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "tether.cli.main", "agent", "--state-dir", self.state,
-             "--cpus", str(self.cpus), "--cancel-grace", "2"],
+             "--cpus", str(self.cpus), "--oversubscribe", "--cancel-grace", "2"],
             stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             start_new_session=True)
         deadline = time.monotonic() + 60

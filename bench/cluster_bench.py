@@ -76,8 +76,8 @@ class Bench:
             state = os.path.join(self.base, name)
             with open(os.path.join(self.base, f"{name}.log"), "ab") as out:
                 self.agents[name] = subprocess.Popen(
-                    [*TETHER, "agent", "--state-dir", state, "--cpus", "4", "--cluster",
-                     self.dsn, "--node", name, "--heartbeat", str(HEARTBEAT),
+                    [*TETHER, "agent", "--state-dir", state, "--cpus", "4", "--oversubscribe",
+                     "--cluster", self.dsn, "--node", name, "--heartbeat", str(HEARTBEAT),
                      "--cancel-grace", "1"], stdout=out, stderr=subprocess.STDOUT,
                     start_new_session=True)
         deadline = time.monotonic() + 30

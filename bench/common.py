@@ -57,8 +57,8 @@ class ScratchAgent:
         self.env = dict(os.environ, TETHER_STATE_DIR=self.state)
         self.tether = [sys.executable, "-m", "tether.cli.main"]
         self._log = open(os.path.join(self.base, "agent.log"), "wb")  # noqa: SIM115
-        self.proc = subprocess.Popen([*self.tether, "agent", "--cpus", str(cpus), *(extra or [])],
-                                     env=self.env,
+        self.proc = subprocess.Popen([*self.tether, "agent", "--cpus", str(cpus),
+                                      "--oversubscribe", *(extra or [])], env=self.env,
                                      stdout=self._log, stderr=subprocess.STDOUT,
                                      start_new_session=True)
         deadline = time.monotonic() + 20

@@ -149,73 +149,84 @@ class Target:
 
 def fuzz_door(target: Target, count: int, rng: random.Random, kinds: list[str]) -> None:
     """Before each stream-breaking send and at every checkpoint, a valid request is sent and
-    everything up to its reply read: so every frame's reply is counted, and none is missed."""
-    conn: tuple[socket.socket, framing.Deframer] | None = None
+    the connection read until its reply and a reply to every earlier frame are in (replies may
+    come out of order: ``pids`` and ``stats`` wait for a /proc scan)."""
+    conn: Conn | None = None
     try:
         for i in range(count):
             if conn is None:
-                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-                sock.settimeout(10.0)
-                sock.connect(target.path)
-                conn = (sock, framing.Deframer())
+                conn = Conn(target.path)
             data, owed = door_bytes(rng, kinds)
             if not owed:
-                target.replies += _sync(*conn, target.probe)
-            conn[0].sendall(data)
+                target.replies += conn.sync(target.probe)
+            conn.sock.sendall(data)
             target.sent += 1
             target.owed += owed
+            conn.owed += owed
             if owed:
-                target.replies += _drain(*conn, 0.0)
+                target.replies += conn.drain()
             else:
-                conn[0].close()
+                conn.sock.close()
                 conn = None
                 target.reconnects += 1
             if (i + 1) % 500 == 0:
                 if conn is not None:
-                    target.replies += _sync(*conn, target.probe)
+                    target.replies += conn.sync(target.probe)
                 if not target.healthy():
                     target.deaths += 1
                     return
         if conn is not None:
-            target.replies += _sync(*conn, target.probe)
+            target.replies += conn.sync(target.probe)
     except (OSError, ValueError) as exc:
         print(f"{target.name}: {exc}")
         target.deaths += not target.healthy()
     finally:
         if conn is not None:
-            conn[0].close()
+            conn.sock.close()
 
 
-def _sync(sock: socket.socket, deframer: framing.Deframer, probe: str) -> int:
-    """Send a valid request and read up to its reply; return how many other replies came."""
-    sock.sendall(framing.frame(protocol.encode_request(
-        protocol.Request(id=SYNC_ID, kind=probe, args={}, v=1))))
-    n = 0
-    while True:
-        payload = deframer.next()
-        if payload is None:
-            data = sock.recv(1 << 16)  # the socket's 10 s timeout: silence is an error
-            if not data:
-                raise ConnectionResetError("the door closed the connection")
-            deframer.feed(data)
-            continue
-        if protocol.decode_reply(payload).id == SYNC_ID:
-            return n
-        n += 1
+class Conn:
+    """One connection to a door, with the count of replies still owed on it."""
 
+    def __init__(self, path: str) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(10.0)  # silence this long is an error
+        self.sock.connect(path)
+        self.deframer = framing.Deframer()
+        self.owed = 0
 
-def _drain(sock: socket.socket, deframer: framing.Deframer, wait: float) -> int:
-    """Read what the door has answered so far (unread replies would make it stop reading this
-    connection); return how many reply frames came."""
-    n = 0
-    while select.select([sock], [], [], wait)[0]:
-        data = sock.recv(1 << 16)
+    def sync(self, probe: str) -> int:
+        """Send a valid request, read until its reply and every owed one are in; return how
+        many replies other than its own came."""
+        self.sock.sendall(framing.frame(protocol.encode_request(
+            protocol.Request(id=SYNC_ID, kind=probe, args={}, v=1))))
+        n, synced = 0, False
+        while not synced or self.owed > 0:
+            payload = self.deframer.next()
+            if payload is None:
+                self._read()
+            elif protocol.decode_reply(payload).id == SYNC_ID and not synced:
+                synced = True
+            else:
+                n += 1
+                self.owed -= 1
+        return n
+
+    def drain(self) -> int:
+        """The replies already here (unread replies would make the door stop reading)."""
+        n = 0
+        while select.select([self.sock], [], [], 0)[0]:
+            self._read()
+            while self.deframer.next() is not None:
+                n += 1
+                self.owed -= 1
+        return n
+
+    def _read(self) -> None:
+        data = self.sock.recv(1 << 16)
         if not data:
             raise ConnectionResetError("the door closed the connection")
-        deframer.feed(data)
-        while deframer.next() is not None:
-            n += 1
-    return n
+        self.deframer.feed(data)
 
 
 def fuzz(target: Target, count: int, rng: random.Random, kinds: list[str]) -> None:

@@ -218,7 +218,7 @@ class Agent:
             t0 = time.perf_counter()
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "tether.cli.main", "agent", "--state-dir", self.state,
-                 "--cpus", str(self.cpus), "--cancel-grace", "1"],
+                 "--cpus", str(self.cpus), "--oversubscribe", "--cancel-grace", "1"],
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 cwd=self.work, start_new_session=True,
             )

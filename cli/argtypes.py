@@ -40,6 +40,53 @@ def job_id(text: str) -> int:
     return int(text)
 
 
+def job_ref(text: str) -> str:
+    """``ID`` or ``ARRAY_INDEX`` (an array element, Slurm's ``12_3``), checked, as given."""
+    from tether.shared.jobopts import parse_job_ref
+
+    try:
+        job, index = parse_job_ref(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return str(job) if index is None else f"{job}_{index}"
+
+
+def ref_args(ref: str) -> dict[str, int]:
+    """A checked ``job_ref`` as request arguments: ``job``, and ``index`` for an element."""
+    job, _, index = ref.partition("_")
+    return {"job": int(job), "index": int(index)} if index else {"job": int(job)}
+
+
+def time_limit(text: str) -> float:
+    """Slurm's --time: MINUTES, M:S, H:M:S, D-H, D-H:M or D-H:M:S, as seconds."""
+    from tether.shared.jobopts import parse_time
+
+    try:
+        return float(parse_time(text))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def array_spec(text: str) -> str:
+    from tether.shared.jobopts import parse_array
+
+    try:
+        parse_array(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def dependency(text: str) -> str:
+    from tether.shared.jobopts import parse_dependency
+
+    try:
+        parse_dependency(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
 def env_pair(text: str) -> tuple[str, str]:
     key, sep, value = text.partition("=")
     if not sep or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):

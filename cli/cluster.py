@@ -66,6 +66,15 @@ def clustered(layout: Layout, ns: argparse.Namespace) -> int | None:
     if ns.cmd not in COMMANDS:  # a verb that only knows one node's agent (e.g. top)
         raise CliError(f"{ns.cmd}: not available for a cluster yet (without --cluster and "
                        "TETHER_CLUSTER it shows this node's agent)", EXIT_USAGE)
+    for name in ("job", "jobs"):  # cluster jobs are plain ids: no arrays there yet
+        refs = getattr(ns, name, None)
+        if isinstance(refs, str | list):
+            plain = [int(r) for r in ([refs] if isinstance(refs, str) else refs)
+                     if isinstance(r, int) or "_" not in r]
+            if len(plain) != (1 if isinstance(refs, str) else len(refs)):
+                raise CliError(f"{ns.cmd}: cluster jobs have no array elements (ID_INDEX)",
+                               EXIT_USAGE)
+            setattr(ns, name, plain[0] if isinstance(refs, str) else plain)
     import psycopg
 
     from tether.shared import cluster_db
@@ -312,14 +321,18 @@ def cmd_drain(conn: Conn, dsn: str, ns: argparse.Namespace) -> int:
 
 
 def names_job(ns: argparse.Namespace) -> bool:
-    """``resume`` takes a job (digits) or a node (anything else): node names that are all
-    digits cannot be resumed by name (docs/cli.md)."""
-    return ns.cmd == "resume" and str(ns.node).isdigit()
+    """``resume`` takes a job (digits, or ``ARRAY_INDEX``) or a node (anything else): node
+    names of that form cannot be resumed by name (docs/cli.md)."""
+    from tether.cli.cmd_suspend import names_job as is_job
+
+    return ns.cmd == "resume" and is_job(str(ns.node))
 
 
 def cmd_resume(conn: Conn, dsn: str, ns: argparse.Namespace) -> int:
     if not names_job(ns):
         return cmd_drain(conn, dsn, ns)
+    if not str(ns.node).isdigit():
+        raise CliError(f"resume: {ns.node}: with --cluster, name the element by its own job id")
     ns.job = int(ns.node)
     return cmd_on_node(conn, dsn, ns)
 

@@ -21,11 +21,20 @@ def agent(state_dir: str, ns: argparse.Namespace) -> int:
 
     logging.basicConfig(level=ns.log_level, stream=sys.stderr,
                         format="%(asctime)s agent[%(process)d] %(levelname)s %(message)s")
+    allowed = allowed_cpus()
+    if ns.cpus and ns.cpus > len(allowed) and not ns.oversubscribe:
+        raise CliError(f"agent: --cpus {ns.cpus} is more than the {len(allowed)} CPUs this "
+                       f"process may run on ({','.join(map(str, allowed))}); add "
+                       "--oversubscribe to share them out")
+    if ns.default_time is not None and ns.max_time is not None and \
+            ns.default_time > ns.max_time:
+        raise CliError("agent: --default-time is over --max-time")
     cfg = AgentConfig(
         state_dir=os.path.abspath(state_dir),
-        cpu_ids=list(range(ns.cpus)) if ns.cpus else allowed_cpus(),
+        cpu_ids=list(range(ns.cpus)) if ns.cpus else allowed,
         gpus=ns.gpus, memory_mb=memory_mb() if ns.memory_mb is None else ns.memory_mb,
         node=ns.node or socket.gethostname(), cancel_grace=ns.cancel_grace,
+        default_time=ns.default_time, max_time=ns.max_time,
         claim_timeout=ns.claim_timeout, linger=ns.linger, cgroup=ns.cgroup,
         cgroup_base=ns.cgroup_base or default_base(os.path.abspath(state_dir)),
         default_memory_mb=ns.default_memory_mb,

@@ -6,7 +6,7 @@ import argparse
 import os
 import sys
 
-from tether.cli.connect import open_step, supervisor_errors
+from tether.cli.connect import job_id_of, open_step, supervisor_errors
 from tether.cli.errors import EXIT_USAGE, CliError
 from tether.shared.errors import Unreachable
 from tether.shared.paths import Layout
@@ -16,6 +16,7 @@ from tether.shared.step_client import parse_signal
 def attach(layout: Layout, ns: argparse.Namespace) -> int:
     outs = {"stdout": sys.stdout.buffer, "stderr": sys.stderr.buffer}
     warned = False
+    ns.job = job_id_of(layout, ns.job)
     with open_step(layout, ns.job) as step, supervisor_errors(ns.job):
         offsets: dict[str, int] = {}
         while True:
@@ -45,6 +46,7 @@ def signal(layout: Layout, ns: argparse.Namespace) -> int:
         num = parse_signal(ns.signal)
     except ValueError as exc:
         raise CliError(f"signal: {exc}", EXIT_USAGE) from None
+    ns.job = job_id_of(layout, ns.job)
     with open_step(layout, ns.job) as step, supervisor_errors(ns.job):
         step.signal(num, ns.rank)
     return 0

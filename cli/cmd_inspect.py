@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from tether.cli.connect import open_step, supervisor_errors
+from tether.cli.connect import job_id_of, open_step, supervisor_errors
 from tether.cli.errors import EXIT_USAGE, CliError
 from tether.cli.format import fmt_exit, print_pairs, say
 from tether.shared.errors import RemoteError, VersionMismatch
@@ -22,6 +22,7 @@ def inspect(layout: Layout, ns: argparse.Namespace) -> int:
     if ns.lines is not None and not ns.output:
         raise CliError("inspect: --lines goes with --output", EXIT_USAGE)
     info: dict[str, Any] | None = None
+    ns.job = job_id_of(layout, ns.job)
     with open_step(layout, ns.job) as step, supervisor_errors(ns.job):
         if ns.pids:
             return show_pids(step.pids(), ns.json)

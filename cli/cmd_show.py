@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 
+from tether.cli.argtypes import ref_args
 from tether.cli.connect import agent_call
 from tether.cli.errors import EXIT_ERROR, CliError
 from tether.cli.format import print_job
@@ -34,6 +35,10 @@ def status(layout: Layout, ns: argparse.Namespace) -> int:
     if held:
         print(f"  {'beyond':<10} {'; '.join(held)} (held by running steps beyond this node's "
               "size)")
+    over = st.get("oversubscribed")
+    if over:
+        print(f"  {'':<10} oversubscribed: {over['logical']} logical CPUs on "
+              f"{len(over['real'])} real ({','.join(str(c) for c in over['real'])})")
     counts = ", ".join(f"{k} {v}" for k, v in st["jobs"].items() if v)
     print(f"  {'jobs':<10} {counts or 'none'}")
     cg = st.get("cgroup")  # agents before issue 9 do not say
@@ -48,7 +53,7 @@ def status(layout: Layout, ns: argparse.Namespace) -> int:
 
 
 def show(layout: Layout, ns: argparse.Namespace) -> int:
-    job = agent_call(layout, "show", {"job": ns.job})
+    job = agent_call(layout, "show", ref_args(ns.job))
     if ns.json:
         print(json.dumps(job))
     else:

@@ -8,6 +8,7 @@ import os
 import sys
 import time
 
+from tether.cli.argtypes import ref_args
 from tether.cli.connect import agent_call
 from tether.cli.errors import EXIT_TIMEOUT, EXIT_USAGE, CliError
 from tether.cli.format import exit_status
@@ -39,20 +40,23 @@ def submit(layout: Layout, ns: argparse.Namespace) -> int:
     args = {"command": command, "cpus": ns.cpus, "gpus": ns.gpus, "memory_mb": ns.memory_mb,
             "ntasks": ns.ntasks, "workdir": workdir, "env": env, "pmi": ns.pmi,
             "umask": current_umask()}
-    for key in ("name", "output", "error", "user"):
+    for key in ("name", "output", "error", "user", "time_limit", "array", "dependency"):
         if getattr(ns, key) is not None:
             args[key] = getattr(ns, key)
+    if ns.hold:
+        args["hold"] = True
     job = agent_call(layout, "submit", args)
     if ns.json and not ns.wait:
         print(json.dumps(job))
     else:
         print(job["id"], flush=True)
     if ns.wait:
-        return wait_for(layout, job["id"], None, as_json=ns.json)
+        return wait_for(layout, str(job["id"]), None, as_json=ns.json)
     return 0
 
 
-def wait_for(layout: Layout, job: int, timeout: float | None, as_json: bool = False) -> int:
+def wait_for(layout: Layout, job: str, timeout: float | None, as_json: bool = False) -> int:
+    """Wait for ``job`` (an id, an array's id: every element, or ``ID_INDEX``)."""
     deadline = None if timeout is None else time.monotonic() + timeout
     warned = False
     while True:
@@ -62,7 +66,7 @@ def wait_for(layout: Layout, job: int, timeout: float | None, as_json: bool = Fa
             return EXIT_TIMEOUT
         hold = max(0.0, min(left, 30.0))
         try:
-            res = agent_call(layout, "wait", {"job": job, "hold": hold}, timeout=hold + 10.0)
+            res = agent_call(layout, "wait", dict(ref_args(job), hold=hold), timeout=hold + 10.0)
         except CliError as exc:
             # The agent may be restarting: keep waiting (the job does not depend on it).
             if not warned:
@@ -77,5 +81,5 @@ def wait_for(layout: Layout, job: int, timeout: float | None, as_json: bool = Fa
 
 
 def wait(layout: Layout, ns: argparse.Namespace) -> int:
-    agent_call(layout, "show", {"job": ns.job})  # an unknown job is an error, not a wait
+    agent_call(layout, "show", ref_args(ns.job))  # an unknown job is an error, not a wait
     return wait_for(layout, ns.job, ns.timeout)

@@ -144,3 +144,14 @@ def supervisor_errors(job: int) -> Iterator[None]:
 def open_step(layout: Layout, job: int) -> StepClient:
     with supervisor_errors(job):
         return connect(job, state_dir=layout.state_dir, timeout=5.0)
+
+
+def job_id_of(layout: Layout, ref: str | int) -> int:
+    """The job id of ``ID`` or ``ARRAY_INDEX``: an element is looked up in the agent (the
+    supervisor's run directory is named by the element's own id)."""
+    if isinstance(ref, int):  # a cluster job's, resolved already
+        return ref
+    job, _, index = ref.partition("_")
+    if not index:
+        return int(job)
+    return int(agent_call(layout, "show", {"job": int(job), "index": int(index)})["id"])

@@ -27,10 +27,11 @@ def fmt_exit(job: dict[str, Any]) -> str:
 
 
 def exit_status(job: dict[str, Any]) -> int:
-    """What ``wait`` exits with: the job's code, 128+N for signal N, 1 when it has neither."""
+    """What ``wait`` exits with: the job's code, 128+N for signal N, 1 when it has neither.
+    A job that ran out of time never exits 0 (its tasks may have caught the SIGTERM)."""
     if job.get("signal") is not None:
         return 128 + int(job["signal"])
-    if job.get("exit_code") is not None:
+    if job.get("exit_code") is not None and (job["exit_code"] or job["state"] != "timeout"):
         return int(job["exit_code"])
     return 0 if job["state"] == "completed" else EXIT_ERROR
 
@@ -43,10 +44,21 @@ def print_pairs(rows: Iterable[tuple[str, Any]]) -> None:
         say(f"{key:<15}{'' if value is None else value}")
 
 
-JOB_FIELDS = ("id", "name", "state", "attempt", "exit_code", "signal", "reason", "command",
+JOB_FIELDS = ("id", "name", "state", "attempt", "exit_code", "signal", "reason", "time_limit",
+              "dependency", "command",
               "ntasks", "cpus", "gpus", "memory_mb", "supervisor_pid", "pids", "workdir",
               "output", "error", "submitted_at", "started_at", "ended_at")
 
 
 def print_job(job: dict[str, Any]) -> None:
-    print_pairs((key, job.get(key)) for key in JOB_FIELDS)
+    def value(key: str) -> Any:
+        if key == "id" and job.get("array_id") is not None:
+            return f"{job['array_id']}_{job['array_index']} (job {job['id']})"
+        if key == "time_limit" and job.get(key) is not None:
+            from tether.shared.jobopts import format_time
+
+            return format_time(job[key])
+        if key == "state" and job.get("held") and job["state"] == "pending":
+            return "pending (held)"
+        return job.get(key)
+    print_pairs((key, value(key)) for key in JOB_FIELDS)

@@ -30,6 +30,7 @@ EXIT_PIPE = 141
 VERBS = {
     "status": "cmd_show:status", "submit": "cmd_submit:submit", "list": "cmd_list:list_jobs",
     "show": "cmd_show:show", "wait": "cmd_submit:wait", "cancel": "cmd_cancel:cancel",
+    "hold": "cmd_cancel:hold", "release": "cmd_cancel:release",
     "inspect": "cmd_inspect:inspect", "attach": "cmd_attach:attach",
     "signal": "cmd_attach:signal", "top": "cmd_top:top",
     "upgrade-supervisors": "cmd_upgrade:upgrade_supervisors",

@@ -15,12 +15,16 @@ import re
 import sys
 
 from tether.cli.argtypes import (
+    array_spec,
+    dependency,
     env_pair,
     job_id,
+    job_ref,
     non_negative,
     positive,
     positive_seconds,
     seconds,
+    time_limit,
 )
 from tether.cli.errors import EXIT_USAGE, CliError
 
@@ -166,8 +170,8 @@ def build_parser(argv: list[str] | None = None) -> Parser:
     p.add_argument("--cluster", metavar="DSN", help=CLUSTER_HELP)
     sub = p.add_subparsers(dest="cmd", metavar="COMMAND", parser_class=Parser, title="commands")
     adders = (add_agent, add_status, add_submit, add_list, add_show, add_wait, add_cancel,
-              add_inspect, add_attach, add_signal, add_top, add_upgrade, add_completion,
-              add_man, add_cluster, add_nodes, add_drain, add_suspend, add_resume)
+              add_hold, add_release, add_inspect, add_attach, add_signal, add_top, add_upgrade,
+              add_completion, add_man, add_cluster, add_nodes, add_drain, add_suspend, add_resume)
     name = verb_of(argv) if argv is not None else None
     one = [a for a in adders if name is not None and _VERB_OF_ADDER.get(
         a.__name__, a.__name__[4:].replace("_", "-")) == name]
@@ -194,8 +198,8 @@ def add_agent(sub: Any) -> None:
                    "the dashes (cpus = 8, cancel-grace = 30); options given here override it "
                    "(default /etc/tether/agent.toml, if it exists)")
     a.add_argument("--cpus", type=positive, metavar="N",
-                   help="model a node with CPU ids 0..N-1 (default: the CPUs this process may "
-                   "run on)")
+                   help="CPU ids 0..N-1, at most the CPUs this process may run on unless "
+                   "--oversubscribe (default: the CPUs this process may run on)")
     a.add_argument("--gpus", type=non_negative, default=0, metavar="N",
                    help="GPUs to hand out, ids 0..N-1 (default 0)")
     a.add_argument("--memory-mb", type=non_negative, metavar="MB",
@@ -203,6 +207,15 @@ def add_agent(sub: Any) -> None:
     a.add_argument("--node", metavar="NAME", help="node name (default: the host name)")
     a.add_argument("--cancel-grace", type=seconds, default=10.0, metavar="SECONDS",
                    help="time between SIGTERM and SIGKILL when a job is cancelled (default 10)")
+    a.add_argument("--default-time", type=time_limit, metavar="TIME",
+                   help="time limit of a job submitted without --time, in submit --time's "
+                   "notation (default: none)")
+    a.add_argument("--max-time", type=time_limit, metavar="TIME",
+                   help="the longest time limit a job may ask for; a submission over it is "
+                   "refused (default: no maximum)")
+    a.add_argument("--oversubscribe", action="store_true",
+                   help="allow --cpus beyond the CPUs this process may run on: the logical ids "
+                   "are mapped onto the real ones, several to a CPU (status says so)")
     a.add_argument("--claim-timeout", type=seconds, default=120.0, metavar="SECONDS",
                    help="how long a new supervisor waits for the agent to claim it before it "
                    "gives up (default 120)")
@@ -274,6 +287,21 @@ def add_submit(sub: Any) -> None:
     s.add_argument("--pmi", choices=["none", "pmi1", "pmi2"], default="none",
                    help="serve PMI to the ranks from the step's supervisor, for MPI programs "
                    "(default none)")
+    s.add_argument("--time", dest="time_limit", type=time_limit, metavar="TIME",
+                   help="time limit: MINUTES, M:S, H:M:S, D-H, D-H:M or D-H:M:S; at the limit "
+                   "the tasks get SIGTERM, then SIGKILL after the agent's --cancel-grace, and "
+                   "the job ends 'timeout' (default: the agent's --default-time, else none)")
+    s.add_argument("--array", type=array_spec, metavar="SPEC",
+                   help="an array: one job per index, shown as ID_INDEX: N-M[:STEP] or "
+                   "N,M,... (both mixed), then %%MAX to run at most MAX at once (0-99%%5); "
+                   "TETHER_ARRAY_JOB_ID and TETHER_ARRAY_TASK_ID in the environment")
+    s.add_argument("--dependency", type=dependency, metavar="LIST",
+                   help="start only after other jobs: afterok:ID[:ID...] (completed), "
+                   "afterany:ID (ended), afternotok:ID (ended otherwise), comma-separated, all "
+                   "needed; an array's ID means all its elements. One that can no longer be "
+                   "met cancels the job (reason DependencyNeverSatisfied)")
+    s.add_argument("--hold", action="store_true",
+                   help="queue the job held: it starts only after 'tether release'")
     s.add_argument("--wait", action="store_true",
                    help="print the id, wait for the end and exit as 'tether wait' does")
     s.add_argument("--no-requeue", action="store_true",
@@ -300,18 +328,22 @@ def add_list(sub: Any) -> None:
     add_json(s, "an array of job objects (filtered; --format does not apply)")
 
 
+JOB_HELP = "job id, or ARRAY_INDEX for one element of an array"
+
+
 def add_show(sub: Any) -> None:
     s = verb(sub, "show", "show one job")
-    s.add_argument("job", type=job_id, metavar="JOB", help="job id")
+    s.add_argument("job", type=job_ref, metavar="JOB", help=JOB_HELP)
     add_json(s, "the job object")
 
 
 def add_wait(sub: Any) -> None:
     s = verb(sub, "wait", "wait for a job; exit with its exit code",
              "Wait for a job to end and exit with its exit code: 128+N if signal N killed it, "
-             "1 if it ended without a code, 124 if --timeout ran out. Waiting goes on through "
-             "agent restarts.")
-    s.add_argument("job", type=job_id, metavar="JOB", help="job id")
+             "1 if it ended without a code (or timed out without one), 124 if --timeout ran "
+             "out. An array's id waits for every element and exits as its first element that "
+             "did not complete. Waiting goes on through agent restarts.")
+    s.add_argument("job", type=job_ref, metavar="JOB", help=JOB_HELP)
     s.add_argument("--timeout", type=seconds, metavar="SECONDS",
                    help="stop waiting after this long and exit 124 (default: no limit)")
 
@@ -323,11 +355,30 @@ def add_cancel(sub: Any) -> None:
              "Cancel jobs: SIGTERM to every task, SIGKILL after the agent's --cancel-grace; a "
              "pending job is simply cancelled. Name the jobs, or choose them with filters (then "
              "only pending, starting and running ones unless --state says otherwise), or both "
-             "(the named jobs the filters let through). Exit 1 if any named job could not be "
+             "(the named jobs the filters let through). An array's id cancels every element "
+             "not ended yet, ID_INDEX one element. Exit 1 if any named job could not be "
              "cancelled (each says why on its own line).",
              usage="tether cancel [OPTIONS] [JOB...]")
-    s.add_argument("jobs", type=job_id, nargs="*", metavar="JOB", help="job ids")
+    s.add_argument("jobs", type=job_ref, nargs="*", metavar="JOB",
+                   help="job ids (ID_INDEX: one element of an array)")
     add_filters(s, "jobs")
+
+
+def add_hold(sub: Any) -> None:
+    s = verb(sub, "hold", "keep pending jobs from starting",
+             "Hold pending jobs: they stay queued (reason JobHeldUser) until released. An "
+             "array's id holds its pending elements. The jobs' owner or root.",
+             usage="tether hold [OPTIONS] JOB...")
+    s.add_argument("jobs", type=job_ref, nargs="+", metavar="JOB",
+                   help="job ids (ID_INDEX: one element of an array)")
+
+
+def add_release(sub: Any) -> None:
+    s = verb(sub, "release", "let held jobs start",
+             "Release held jobs: they go back to waiting their turn. The jobs' owner or root.",
+             usage="tether release [OPTIONS] JOB...")
+    s.add_argument("jobs", type=job_ref, nargs="+", metavar="JOB",
+                   help="job ids (ID_INDEX: one element of an array)")
 
 
 def add_inspect(sub: Any) -> None:
@@ -335,7 +386,7 @@ def add_inspect(sub: Any) -> None:
              "Ask the job's supervisor directly, so it works while the agent is down. Plain: the "
              "step's state, and the job's details when you may see them (its owner, root, the "
              "agent's user).")
-    s.add_argument("job", type=job_id, metavar="JOB", help="job id")
+    s.add_argument("job", type=job_ref, metavar="JOB", help=JOB_HELP)
     what = s.add_mutually_exclusive_group()
     what.add_argument("--pmi", action="store_true", help="the step's PMI state")
     what.add_argument("--pids", action="store_true",
@@ -356,13 +407,13 @@ def add_attach(sub: Any) -> None:
     s = verb(sub, "attach", "follow the step's output until it ends (Ctrl-C detaches)",
              "Print what the step has written so far, then follow it until the step ends, each "
              "byte once. Ctrl-C detaches; the job keeps running.")
-    s.add_argument("job", type=job_id, metavar="JOB", help="job id")
+    s.add_argument("job", type=job_ref, metavar="JOB", help=JOB_HELP)
 
 
 def add_signal(sub: Any) -> None:
     s = verb(sub, "signal", "send a signal to the step's tasks",
              "Send a signal to the process group of every live task of the step, or of one.")
-    s.add_argument("job", type=job_id, metavar="JOB", help="job id")
+    s.add_argument("job", type=job_ref, metavar="JOB", help=JOB_HELP)
     s.add_argument("signal", metavar="SIGNAL",
                    help="a name with or without SIG, any case (TERM, sigusr1, RTMIN+1) or a number")
     s.add_argument("--rank", type=non_negative, metavar="R",
@@ -413,13 +464,14 @@ def add_suspend(sub: Any) -> None:
              "Freeze every process of a running job (its cgroup's freezer) until `tether resume "
              "JOB`. Its state reads suspended, the time suspended is not counted in its "
              "elapsed time, it keeps its CPUs, and cancel still works. The job's owner or root.")
-    s.add_argument("job", type=job_id, metavar="JOB", help="job id")
+    s.add_argument("job", type=job_ref, metavar="JOB", help="job id, or ARRAY_INDEX")
 
 
 def add_resume(sub: Any) -> None:
     s = verb(sub, "resume", "thaw a suspended job; or let a drained node take work again",
-             "With a job id (digits): thaw a job that `tether suspend` froze. Anything else "
-             "names a node: let a drained node take work again (with --cluster).")
+             "With a job id (digits, or ARRAY_INDEX such as 12_3): thaw a job that `tether "
+             "suspend` froze. Anything else names a node: let a drained node take work again "
+             "(with --cluster).")
     s.add_argument("node", metavar="JOB|NODE", help="a job id, or a node name")
 
 

@@ -38,8 +38,8 @@ def main() -> int:
 
     def start_agent() -> subprocess.Popen[bytes]:
         log = open(os.path.join(base, f"agent{len(agents)}.log"), "wb")  # noqa: SIM115
-        proc = subprocess.Popen([*TETHER, "agent", "--cpus", "4"], env=env, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen([*TETHER, "agent", "--cpus", "4", "--oversubscribe"], env=env,
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         agents.append(proc)
         deadline = time.monotonic() + 20
         while subprocess.run([*TETHER, "status"], env=env, capture_output=True).returncode:

@@ -68,7 +68,8 @@ def main() -> int:
             with open(os.path.join(base, f"{name}.log"), "wb") as out:
                 agents[name] = subprocess.Popen(
                     [*TETHER, "agent", "--state-dir", os.path.join(base, name), "--cpus", "2",
-                     "--node", name, "--heartbeat", "0.5", "--cancel-grace", "1"], env=env,
+                     "--oversubscribe", "--node", name, "--heartbeat", "0.5", "--cancel-grace",
+                     "1"], env=env,
                     stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         until(lambda: [n["state"] for n in json.loads(tether("nodes", "--json", show=False))]
               == ["up"] * 3, 30, "three nodes up")

@@ -41,6 +41,10 @@ FAULTS = (
           "the lookup of a job's user at launch (on the worker thread) creates `lookup.held` "
           "in the state directory and waits for `lookup.go` there, as a hung user database "
           "would (the agent must keep answering meanwhile)"),
+    Fault(AGENT, "hold-spawn-prep", "the agent",
+          "the worker thread that makes each spawn's run directory, that done, creates "
+          "`prep.held` in the state directory and goes on once `prep.go` exists there (the "
+          "agent must keep serving meanwhile)"),
     Fault(AGENT, "no-template", "the agent",
           "no supervisor template: every supervisor starts cold (tests and benchmarks compare "
           "the two)"),
@@ -53,6 +57,8 @@ FAULTS = (
           "the thread looking for leftover children while the step drains stops after its "
           "scan, creates `sweep.held` in the run directory and goes on once `sweep.go` exists "
           "there (the loop must keep answering meanwhile)"),
+    Fault(SUPERVISOR, "hold-scan", "each supervisor",
+          "the same for the /proc scan behind `pids` and `stats` (`scan.held`, `scan.go`)"),
     Fault(SUPERVISOR, "error-on-usr2", "each supervisor",
           "SIGUSR2 raises an exception in the loop that nothing expects: the supervisor kills "
           "its tasks and exits with status 3 (crash-only)"),

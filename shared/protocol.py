@@ -24,10 +24,11 @@ if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping
     from typing import Any
 
-#: The version this build speaks, and the set it accepts from peers: this one and the one
-#: before (an N-1 window), so a build drives and serves the release before it.
-PROTOCOL_VERSION = 2
-SUPPORTED_VERSIONS: frozenset[int] = frozenset({1, 2})
+#: The version this build speaks, and the set it accepts from peers: this one and every one
+#: before (version 1 is still what 0.1.0's CLI and supervisors speak), so a build drives and
+#: serves the releases before it.
+PROTOCOL_VERSION = 3
+SUPPORTED_VERSIONS: frozenset[int] = frozenset({1, 2, 3})
 
 #: The protocol version that introduced each request kind (the agent's and the supervisors'):
 #: a request of that kind needs at least that version. A client sends each request in the
@@ -45,9 +46,13 @@ KIND_SINCE: dict[str, int] = {
     "pids": 1, "stats": 1, "output": 1, "events": 1, "signal": 1,
     # protocol 2 (kinds added in release 0.3.0; a 0.2.0 server answers them unknown_kind)
     "upgrade": 2,
-    # added in release 0.5.0 without a new version: an agent without them answers
-    # unknown_kind, which is the truth (it cannot suspend)
-    "suspend": 2, "resume": 2,
+    # protocol 3 (release 0.5.0: holds; submit's time_limit, hold, dependency and array, and
+    # the index of an array element in show, wait and cancel, are arguments an older agent
+    # refuses by name)
+    "hold": 3, "release": 3,
+    # issue 9, the same release: freeze and thaw a running job (an older agent answers
+    # unknown_kind, which is the truth: it cannot)
+    "suspend": 3, "resume": 3,
 }
 
 

@@ -152,7 +152,7 @@ def read_manifest(path: str) -> dict[str, Any]:
     return man
 
 
-SENTINEL_STATES = ("completed", "failed", "cancelled", "aborted")
+SENTINEL_STATES = ("completed", "failed", "cancelled", "timeout", "aborted")
 
 
 def read_sentinel(path: str) -> dict[str, Any]:

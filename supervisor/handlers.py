@@ -221,15 +221,22 @@ def _task_status(t: Any) -> dict[str, Any]:
             "signal": t.signal, "reason": t.reason}
 
 
-def _step_processes(sup: Supervisor) -> introspect.StepProcesses:
+def _step_processes(sup: Supervisor,
+                    procs: list[introspect.ProcSample]) -> introspect.StepProcesses:
     leaders = {t.pid: t.rank for t in sup.step.tasks if t.pid and not t.done}
-    return introspect.step_processes(introspect.scan(), os.getpid(), sup.session, leaders)
+    return introspect.step_processes(procs, os.getpid(), sup.session, leaders)
 
 
 def pids(sup: Supervisor, peer: Peer, req: protocol.Request) -> Any:
+    """Answered from a /proc scan made off the loop (``Supervisor.after_scan``)."""
     check_known(req.args, req.kind, ())
+    sup.after_scan(peer, req.id, lambda procs: pids_result(sup, procs))
+    return PENDING
+
+
+def pids_result(sup: Supervisor, scanned: list[introspect.ProcSample]) -> Any:
     me = os.getpid()
-    found = _step_processes(sup)
+    found = _step_processes(sup, scanned)
     leaders = {t.pid for t in sup.step.tasks if t.pid and not t.done}
     members = [p for group in found.by_rank.values() for p in group] + found.adopted
     procs = []
@@ -247,14 +254,20 @@ def pids(sup: Supervisor, peer: Peer, req: protocol.Request) -> Any:
 
 
 def stats(sup: Supervisor, peer: Peer, req: protocol.Request) -> Any:
+    """Answered from a /proc scan made off the loop (``Supervisor.after_scan``)."""
     check_known(req.args, req.kind, ())
-    found = _step_processes(sup)
+    sup.after_scan(peer, req.id, lambda procs: stats_result(sup, procs))
+    return PENDING
+
+
+def stats_result(sup: Supervisor, procs: list[introspect.ProcSample]) -> Any:
+    found = _step_processes(sup, procs)
     now = introspect.boottime()
     tasks = []
     for t in sup.step.tasks:
         entry: dict[str, Any] = {"rank": t.rank, "pid": t.pid, "alive": bool(t.pid) and not t.done}
         if t.pid and not t.done:
-            group = [introspect.with_memory(p) for p in found.by_rank.get(t.rank, [])]
+            group = found.by_rank.get(t.rank, [])  # memory read by the scan (snapshot)
             entry.update(introspect.usage(group), processes=len(group),
                          elapsed=introspect.elapsed(t.start_ticks, None, now))
         else:
@@ -263,7 +276,7 @@ def stats(sup: Supervisor, peer: Peer, req: protocol.Request) -> Any:
                          peak_rss_kb=t.maxrss_kb, processes=0,
                          elapsed=introspect.elapsed(t.start_ticks, end, now) if t.pid else 0.0)
         tasks.append(entry)
-    adopted = [introspect.with_memory(p) for p in found.adopted]
+    adopted = found.adopted
     other = dict(introspect.usage(adopted), processes=len(adopted))
     parts = [*tasks, other]
     total = {

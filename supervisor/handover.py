@@ -101,7 +101,8 @@ def probe_installed() -> str:
 
 
 def capture(sup: Supervisor) -> dict[str, Any]:
-    timers = {name: t.when for name, t in (("claim", sup.claim_timer), ("kill", sup.kill_timer))
+    timers = {name: t.when for name, t in (("claim", sup.claim_timer), ("kill", sup.kill_timer),
+                                           ("limit", sup.limit_timer))
               if t is not None and not t.cancelled}
     pmi = None
     if sup.pmi is not None and sup.channels is not None:

@@ -137,6 +137,14 @@ def scan() -> list[ProcSample]:
     return found
 
 
+def snapshot(supervisor: int, session: int) -> list[ProcSample]:
+    """``scan()``, with memory read for every process that may be the step's (in its session,
+    or the supervisor's child): all the I/O ``pids`` and ``stats`` need, done at once, on the
+    supervisor's scan thread (``sweeper.Scan``)."""
+    return [with_memory(p) if p.session == session or p.ppid == supervisor else p
+            for p in scan()]
+
+
 # ---- the step's processes (pure) ---------------------------------------------------------------
 
 

@@ -55,6 +55,10 @@ def task_env(spec: dict[str, Any], rank: int) -> dict[str, str]:
         "TETHER_JOB_NAME": spec["name"],
         "TETHER_CPUS": ",".join(str(c) for c in cpus[rank * per:(rank + 1) * per]),
     })
+    array = spec.get("array")
+    if isinstance(array, dict):
+        env["TETHER_ARRAY_JOB_ID"] = str(array.get("id"))
+        env["TETHER_ARRAY_TASK_ID"] = str(array.get("index"))
     return env
 
 

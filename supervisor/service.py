@@ -34,6 +34,7 @@ import socket
 import stat
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,7 +54,7 @@ from tether.supervisor.launch import Launcher, LaunchFailed, Opened, Opener, out
 from tether.supervisor.pmi import Abort, Broken, Finalized, Output, PmiServer, ProtocolError, Send
 from tether.supervisor.pmi_io import PmiChannels, clean_env
 from tether.supervisor.step import Phase, Step, bounded, signal_name
-from tether.supervisor.sweeper import HOLD, Sweeper
+from tether.supervisor.sweeper import HOLD, HOLD_SCAN, Scan, Sweeper
 
 log = logging.getLogger("tether.supervisor")
 
@@ -68,6 +69,8 @@ CLOSE_LINGER_MS = 1000
 #: seconds between attempts to write an exit record that could not be written (a full disk)
 RECORD_RETRY = 1.0
 MAX_HOLD = 600.0
+#: How long a ``pids`` or ``stats`` request waits for its /proc scan before it is answered busy.
+SCAN_HOLD = 10.0
 #: How often parked output followers' files are checked for growth (only while any is parked).
 FOLLOW_POLL = 0.05
 #: The longest an acknowledged supervisor stays up for followers still reading.
@@ -80,6 +83,8 @@ IGNORED_SIGNALS = (signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 
 
 Peer = handlers.Peer
+#: computes a reply from a /proc scan's processes (``after_scan``)
+ScanReply = Callable[[list[introspect.ProcSample]], Any]
 
 
 @dataclass(frozen=True)
@@ -136,12 +141,21 @@ class Supervisor:
         #: the exit record is on disk (fsync'd); until then only this process holds it
         self.record_durable = False
         self.kill_timer: Timer | None = None
+        #: the job's time limit, armed at launch: SIGTERM, then SIGKILL after the grace
+        self.limit_timer: Timer | None = None
         self.drain_timer: Timer | None = None
         self.drain_check: Timer | None = None
         #: finds leftover children while draining, off the loop (sweeper.py)
         self.sweeper = Sweeper(rd.path if faults.supervisor_fault(HOLD) else None)
         #: children found by the last scan, killed and not yet reaped
         self.leftovers = 0
+        me, session = os.getpid(), os.getsid(0)
+        #: the /proc scans behind ``pids`` and ``stats``, off the loop; ``scan_seq`` numbers
+        #: them (the one running or last started), and requests wait under the one they need
+        self.scans = Scan(lambda: introspect.snapshot(me, session),
+                          (rd.path, "scan") if faults.supervisor_fault(HOLD_SCAN) else None)
+        self.scan_seq = 0
+        self.scan_waiters: Lot[int, ScanReply] = Lot(self.timers)
         self.claim_timer: Timer | None = None
         self.router: zmq.Socket[Any] | None = None
         self.door: Door | None = None
@@ -211,6 +225,7 @@ class Supervisor:
         poller.register(self.router, zmq.POLLIN)
         poller.register(wake_r, zmq.POLLIN)
         poller.register(self.sweeper.fileno(), zmq.POLLIN)
+        poller.register(self.scans.fileno(), zmq.POLLIN)
         if self.door is not None:
             poller.register(self.door.fileno(), zmq.POLLIN)
         status = 0
@@ -228,6 +243,8 @@ class Supervisor:
                         self.opener_ready()
                     if self.sweeper.fileno() in events:
                         self.swept()
+                    if self.scans.fileno() in events:
+                        self.scanned()
                     if self.upgrade_requested:
                         self.upgrade_requested = False
                         ctx = self.reexec(ctx)  # returns only if exec failed
@@ -255,6 +272,7 @@ class Supervisor:
             if self.channels is not None:
                 self.channels.close_all()
             self.sweeper.close()
+            self.scans.close()
             if self.remove_rundir:
                 shutil.rmtree(self.rd.path, ignore_errors=True)
             else:
@@ -291,13 +309,45 @@ class Supervisor:
         self.handle(conn, req)
 
     def on_door_close(self, conn: Conn) -> None:
-        for lot in (self.waiters, self.followers, self.event_waiters, self.claims):
+        for lot in (self.waiters, self.followers, self.event_waiters, self.claims,
+                    self.scan_waiters):
             lot.drop_peer(conn.key)
 
     def handle(self, peer: Peer, req: protocol.Request) -> None:
         """One request from either transport: the same verbs, the same authorization."""
         answer(lambda: handlers.dispatch(self, peer, req), req, peer,
                lambda r: self.reply(peer, r), log, handlers.PENDING, self.door)
+
+    def after_scan(self, peer: Peer, rid: protocol.RequestId, compute: ScanReply) -> None:
+        """Answer a request with ``compute(processes)`` from a /proc scan that begins after
+        it (``pids``, ``stats``): the scan runs on a thread, the reply is computed here."""
+        if not self.scans.busy:
+            self.scan_seq += 1
+        need = self.scan_seq if not self.scans.busy else self.scan_seq + 1
+        self.scans.start()  # now, or as the next one when the running one is in
+        self.scan_waiters.park(need, peer, rid, SCAN_HOLD, compute, lambda p: self.reply(
+            p.peer, protocol.error(p.rid, TetherError(
+                f"reading /proc took longer than {SCAN_HOLD:g}s; try again"))))
+
+    def scanned(self) -> None:
+        try:
+            procs, failed = self.scans.result(), None
+        except OSError as exc:
+            procs, failed = [], TetherError(f"cannot read /proc: {exc}")
+        for p in self.scan_waiters.take(self.scan_seq):
+            try:
+                if failed is not None:
+                    raise failed
+                reply = protocol.ok(p.rid, p.value(procs))
+            except TetherError as exc:
+                reply = protocol.error(p.rid, exc)
+            except Exception:  # as for any handler: a bug is answered, never sent
+                log.exception("computing a reply from a /proc scan")
+                reply = protocol.error(p.rid, TetherError("internal error"))
+            self.reply(p.peer, reply)
+        if self.scans.again:
+            self.scan_seq += 1
+            self.scans.start()
 
     def reply(self, peer: Peer, reply: protocol.Reply) -> None:
         if isinstance(peer, Conn):
@@ -360,6 +410,8 @@ class Supervisor:
             self.claim_timer = self.timers.at(timers["claim"], self.claim_expired)
         if "kill" in timers:
             self.kill_timer = self.timers.at(timers["kill"], self.kill_now)
+        if "limit" in timers:
+            self.limit_timer = self.timers.at(timers["limit"], self.time_limit_reached)
 
     def request_upgrade(self) -> str:
         """The ``upgrade`` verb: check the installed build can take over; exec after the reply."""
@@ -502,6 +554,11 @@ class Supervisor:
         self.step.advance(Phase.RUNNING)
         self.step.started_at = rfc3339_now()
         self.make_cgroup()
+        limit = self.spec.get("time_limit")
+        if isinstance(limit, int | float) and not isinstance(limit, bool) and limit > 0:
+            # Counted from the launch, by this process: the agent may be gone when it runs out.
+            self.limit_timer = self.timers.at(time.monotonic() + float(limit),
+                                              self.time_limit_reached)
         try:
             self.launcher.launch(self.spec, self.step, got)
         except LaunchFailed as exc:
@@ -638,6 +695,9 @@ class Supervisor:
             self.step.advance(Phase.DRAINING)
             if self.kill_timer:
                 self.kill_timer.cancel()
+            if self.limit_timer:
+                self.limit_timer.cancel()
+                self.limit_timer = None
             self.drain_timer = self.timers.at(time.monotonic() + DRAIN_TIMEOUT, self.finish)
         if self.step.phase is Phase.DRAINING:
             self.cgroup_drained()  # kills what is left in the cgroup, the sooner the better
@@ -787,6 +847,15 @@ class Supervisor:
         if self.kill_timer is None:
             self.kill_timer = self.timers.at(time.monotonic() + grace, self.kill_now)
             log.info("%s: sent SIGTERM, SIGKILL in %gs", why, grace)
+
+    def time_limit_reached(self) -> None:
+        self.limit_timer = None
+        if self.step.phase is not Phase.RUNNING or self.step.cancelled:
+            return
+        limit = float(self.spec["time_limit"])
+        self.step.timed_out = True
+        self.terminate(grace=float(self.spec.get("kill_grace", 10)), cancel=False,
+                       why=f"time limit of {_limit_text(limit)} reached")
 
     def kill_now(self) -> None:
         for task in self.step.tasks:
@@ -1064,6 +1133,15 @@ def reset_signal_dispositions(*, unblock: bool = True) -> None:
             pass
     if unblock:
         signal.pthread_sigmask(signal.SIG_SETMASK, [])
+
+
+def _limit_text(seconds: float) -> str:
+    """A limit as Slurm prints one, [D-]HH:MM:SS (fractions of a second, from tests, kept)."""
+    s = int(seconds)
+    text = f"{s // 3600:02d}:{s % 3600 // 60:02d}:{s % 60:02d}"
+    if s >= 86400:
+        text = f"{s // 86400}-{s % 86400 // 3600:02d}:{s % 3600 // 60:02d}:{s % 60:02d}"
+    return text if seconds == s else f"{seconds:g}s"
 
 
 def _wake_only(signum: int, frame: object) -> None:

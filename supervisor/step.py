@@ -108,6 +108,8 @@ class Step:
     tasks: list[Task] = field(default_factory=list)
     first_failure: Task | None = None
     cancelled: bool = False
+    #: its time limit ran out and it was told to stop (state ``timeout``, unless cancelled)
+    timed_out: bool = False
     terminated_by: str | None = None
     started_at: str | None = None
     ended_at: str | None = None
@@ -164,6 +166,8 @@ class Step:
         bad = self.first_failure
         if self.cancelled:
             state = "cancelled"
+        elif self.timed_out:
+            state = "timeout"
         elif bad is None:
             state = "completed"
         else:
@@ -181,7 +185,7 @@ class Step:
                     reason += " (core dumped)"
             elif self.ntasks > 1:
                 reason = f"task {bad.rank} (pid {bad.pid}) exited with code {exit_code}"
-        if self.forced_reason is not None and not self.cancelled:
+        if self.forced_reason is not None and not (self.cancelled or self.timed_out):
             state, reason = "failed", self.forced_reason
             if self.forced_code is not None:
                 exit_code, sig = self.forced_code, None

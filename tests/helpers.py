@@ -136,6 +136,8 @@ class Node:
         os.makedirs(self.work)
         self.layout = Layout(self.state)
         self.args = ["--cpus", str(cpus), "--cancel-grace", "2", *(extra or [])]
+        if cpus > len(os.sched_getaffinity(0)):  # a bigger node than this machine: say so
+            self.args.append("--oversubscribe")
         # TETHER_TEST_CGROUP=none runs a suite with cgroups hidden (the degrade path)
         if os.environ.get("TETHER_TEST_CGROUP"):
             self.args += ["--cgroup", os.environ["TETHER_TEST_CGROUP"]]
@@ -153,7 +155,9 @@ class Node:
         self.agent_logs.append(log)
         with open(log, "wb") as out:
             self.agent = subprocess.Popen(
-                [*self.tether, "agent", "--state-dir", self.state, *self.args],
+                [*self.tether, "agent", "--state-dir", self.state,
+                 # releases before 0.5.0 neither know nor need --oversubscribe
+                 *(a for a in self.args if self.tether == CLI or a != "--oversubscribe")],
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 env=dict(self.env, **(env or {})), start_new_session=True,
             )

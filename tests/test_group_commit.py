@@ -126,3 +126,25 @@ def test_many_concurrent_submits_get_distinct_durable_ids(node: Node) -> None:
     poll_until(lambda: node.status()["jobs"]["completed"] == 100, 120,
                "the 100 jobs to complete")
     assert os.path.isdir(node.work)
+
+
+def test_a_slow_spawn_holds_up_no_request(node: Node) -> None:
+    """The file system work of a spawn (run directory, spec) is done off the agent's loop:
+    while it is stuck (fault ``hold-spawn-prep``), ``status`` answers, submits are
+    acknowledged and a pending job is cancelled; once it goes on, the job runs."""
+    node.start(env={"TETHER_AGENT_FAULT": "hold-spawn-prep"})
+    held = os.path.join(node.state, "prep.held")
+    first = node.submit("true")
+    poll_until(lambda: os.path.exists(held), 20, "the first spawn's preparation to be held")
+    assert node.job(first)["state"] == "starting"
+    with Client(node.layout.sock, timeout=5) as c:
+        c.call("status")
+        second = _submit(c, node, "true")
+        third = _submit(c, node, "sleep", "600")
+    assert node.status()["jobs"]["starting"] >= 1
+    node.ok("cancel", str(third))
+    with open(os.path.join(node.state, "prep.go"), "w"):
+        pass
+    assert node.wait_end(first)["state"] == "completed"
+    assert node.wait_end(second)["state"] == "completed"
+    assert node.job(third)["state"] == "cancelled"

@@ -94,7 +94,7 @@ def test_decode_request_errors(frame: bytes, fragment: str, rid: Any) -> None:
     assert info.value.code == "bad_request"
 
 
-@pytest.mark.parametrize("version", [0, 3, -1, 99])
+@pytest.mark.parametrize("version", [0, 4, -1, 99])
 def test_unsupported_version(version: int) -> None:
     with pytest.raises(VersionMismatch) as info:
         decode_request(pack({"v": version, "id": 1, "kind": "status"}))
@@ -175,7 +175,7 @@ def test_error_reply_carries_code_and_unwrap_raises() -> None:
 
 def test_encoded_reply_has_the_documented_shape() -> None:
     body = msgpack.unpackb(encode_reply(protocol.error(7, BadRequest("bad"))))
-    assert body == {"v": 2, "id": 7, "ok": False, "error": {"code": "bad_request",
+    assert body == {"v": 3, "id": 7, "ok": False, "error": {"code": "bad_request",
                                                             "message": "bad"}}
     body = msgpack.unpackb(encode_reply(protocol.ok(7, 3), v=1))  # answered in its request's v
     assert body == {"v": 1, "id": 7, "ok": True, "result": 3}
@@ -200,15 +200,16 @@ def test_decode_reply_errors(frame: bytes, fragment: str) -> None:
 
 @pytest.mark.parametrize("offered, expected", [
     ([1], 1),
-    ([0, 1, 2, 3], 2),
+    ([0, 1, 2, 3], 3),
     ([1, 1], 1),
-    ([2, 3], 2),
+    ([2, 3], 3),
+    ([2, 4], 2),
 ])
 def test_negotiate_common_version(offered: list[int], expected: int) -> None:
     assert negotiate(offered) == expected
 
 
-@pytest.mark.parametrize("offered", [[], [0], [3, 4], [-1]])
+@pytest.mark.parametrize("offered", [[], [0], [4, 5], [-1]])
 def test_negotiate_nothing_in_common(offered: list[int]) -> None:
     with pytest.raises(VersionMismatch, match="no common protocol version"):
         negotiate(offered)
@@ -418,10 +419,20 @@ def test_ledger_release_is_bounded_by_the_node() -> None:
                            "memory_mb": {"total": 100, "allocated": 0}}
 
 
-@pytest.mark.parametrize("cpu, expected", [(0, 4), (4, 4), (6, 6), (1, 6), (2, 4), (7, 6)])
+@pytest.mark.parametrize("cpu, expected", [(0, 4), (4, 4), (6, 4), (1, 6), (2, 4), (7, 6)])
 def test_ledger_physical_maps_logical_ids_onto_allowed_cpus(cpu: int, expected: int) -> None:
+    """Oversubscribed: the allowed CPUs in turn, each taking as many logical ids."""
     led = Ledger(list(range(8)), gpus=0, memory_mb=0, allowed=[6, 4])
     assert led.physical(cpu) == expected
+    assert led.oversubscribed
+
+
+def test_ledger_physical_is_one_to_one_when_not_oversubscribed() -> None:
+    """--cpus 2 with CPUs 1 and 2 allowed: id 1 is allowed, id 0 is not; each gets its own
+    (mapping only the ids that are not allowed gave both CPU 1)."""
+    led = Ledger([0, 1], gpus=0, memory_mb=0, allowed=[1, 2])
+    assert [led.physical(c) for c in (0, 1)] == [1, 2]
+    assert not led.oversubscribed
 
 
 def test_ledger_physical_identity_without_restriction() -> None:

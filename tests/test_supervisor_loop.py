@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 from collections.abc import Iterator
+from typing import Any
 
 import prctl
 import pytest
@@ -37,6 +39,34 @@ def test_the_loop_answers_while_leftovers_are_looked_for(node: Node) -> None:
     j = node.wait_end(job)
     assert (j["state"], j["exit_code"]) == ("completed", 0)
     poll_until(lambda: not pid_alive(daemon), 10, "the leftover daemon to be killed")
+
+
+def test_the_loop_answers_while_a_stats_request_waits_for_its_scan(node: Node) -> None:
+    # The /proc scan behind `stats` stops (test fault) until scan.go exists: `state` is
+    # answered meanwhile, and `stats` once the scan is in.
+    node.start(env={"TETHER_SUPERVISOR_FAULT": "hold-scan"})
+    job = node.submit("sleep", "300")
+    node.wait_state(job, ("running",))
+    rd = node.layout.run_dir(job, 1)
+    got: list[Any] = []
+
+    def ask() -> None:
+        with Client(rd.sock, timeout=30) as c:
+            got.append(c.call("stats", {}))
+    asker = threading.Thread(target=ask)
+    asker.start()
+    try:
+        poll_until(lambda: os.path.exists(os.path.join(rd.path, "scan.held")), 30,
+                   "the stats request's scan to be under way")
+        with Client(rd.sock, timeout=5) as c:
+            assert c.call("state", {})["phase"] == "running"
+        assert got == [], "stats was answered before its scan came back"
+    finally:
+        open(os.path.join(rd.path, "scan.go"), "w").close()
+        asker.join(60)
+    assert got and got[0]["tasks"][0]["alive"] and got[0]["total"]["processes"] >= 1, got
+    node.ok("cancel", str(job))
+    assert node.wait_end(job)["state"] == "cancelled"
 
 
 @pytest.fixture

@@ -1,0 +1,183 @@
+"""Which pending jobs start now, and why each other one waits: EASY backfill. Pure.
+
+Theory of operation (Slurm's ``sched/backfill`` in its EASY form). Pending jobs are taken in
+queue order (by id). While every job so far has started, the next one starts if it fits in the
+free resources. The first eligible job that does not fit is *blocked* (reason ``Resources``):
+from the running jobs' expected ends (start + time limit + the kill grace: the limit is
+enforced by SIGTERM, then SIGKILL after the grace) the earliest moment it will fit is its
+*shadow time*, and whatever will still be free then beyond its needs is *extra*. A later job
+may then start now (be backfilled) only if it fits in the free resources now and either, by its
+own time limit, ends by the shadow time, or fits in the extra (so it takes nothing the blocked
+job will need, however long it runs); a job started from the extra reduces it. So the blocked
+job's start is never delayed. Every other later job waits with reason ``Priority``.
+
+A running job without a time limit never ends as far as planning goes: if the blocked job needs
+what such a job holds there is no shadow time, and nothing behind it starts: strict FIFO, as
+without time limits at all.
+
+Jobs that may not start whatever the resources (a dependency, a hold, an array's ``%MAX``) are
+passed over with their reason and block nobody. Resources are counts (CPUs, GPUs, MiB): the
+ledger hands out any free ids, so counts are all that decide whether a job fits.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from tether.agent.db import FINAL
+
+# Pending reasons, in Slurm's words (squeue(1), "JOB REASON CODES").
+RESOURCES = "Resources"
+PRIORITY = "Priority"
+DEPENDENCY = "Dependency"
+NEVER = "DependencyNeverSatisfied"
+HELD = "JobHeldUser"
+ARRAY_LIMIT = "JobArrayTaskLimit"
+BEGIN_TIME = "BeginTime"
+
+
+@dataclass(frozen=True, slots=True)
+class Res:
+    cpus: int = 0
+    gpus: int = 0
+    memory_mb: int = 0
+
+    def within(self, other: Res) -> bool:
+        return (self.cpus <= other.cpus and self.gpus <= other.gpus
+                and self.memory_mb <= other.memory_mb)
+
+    def __add__(self, other: Res) -> Res:
+        return Res(self.cpus + other.cpus, self.gpus + other.gpus,
+                   self.memory_mb + other.memory_mb)
+
+    def __sub__(self, other: Res) -> Res:
+        return Res(self.cpus - other.cpus, self.gpus - other.gpus,
+                   self.memory_mb - other.memory_mb)
+
+
+@dataclass(frozen=True, slots=True)
+class Pending:
+    id: int
+    need: Res
+    #: seconds; None: no limit
+    limit: float | None = None
+    #: why it may not start whatever the resources (a hold, a dependency), or None
+    blocked: str | None = None
+    #: the array it belongs to and the array's ``%MAX`` (elements running at once)
+    group: int | None = None
+    group_max: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Running:
+    id: int
+    holds: Res
+    #: when its time limit runs out (start + limit, seconds on the caller's clock); None: never
+    end: float | None = None
+    group: int | None = None
+
+
+@dataclass
+class Plan:
+    #: the jobs to start now, in order
+    start: list[int] = field(default_factory=list)
+    #: why each pending job that does not start waits
+    reasons: dict[int, str] = field(default_factory=dict)
+    #: the first blocked job and when it is expected to start (None: no blocked job, or no
+    #: time can be given because what it needs is held by jobs without a limit)
+    blocked: int | None = None
+    shadow: float | None = None
+
+
+def _reservation(need: Res, free: Res, ends: list[tuple[float | None, Res]],
+                 ) -> tuple[float, Res] | None:
+    """The earliest moment ``need`` fits as the running jobs end, and what is left over then."""
+    avail = free
+    finite = sorted(((e, r) for e, r in ends if e is not None), key=lambda er: er[0])
+    i = 0
+    while i < len(finite):
+        when = finite[i][0]
+        while i < len(finite) and finite[i][0] == when:  # every job ending at that moment
+            avail = avail + finite[i][1]
+            i += 1
+        if need.within(avail):
+            return when, avail - need
+    return None
+
+
+def plan(pending: Iterable[Pending], running: Iterable[Running], free: Res, now: float,
+         grace: float = 0.0) -> Plan:
+    """Which of ``pending`` (in queue order) start now, and why the others wait.
+
+    ``free`` is what is free now; ``grace`` is added to every time limit (the kill grace, how
+    long a job at its limit may still hold its resources).
+    """
+    out = Plan()
+    ends: list[tuple[float | None, Res]] = []
+    groups: Counter[int] = Counter()
+    for r in running:
+        ends.append((None if r.end is None else max(now, r.end + grace), r.holds))
+        if r.group is not None:
+            groups[r.group] += 1
+    shadow: tuple[float, Res] | None = None
+    for p in pending:
+        if p.blocked is not None:
+            out.reasons[p.id] = p.blocked
+            continue
+        if p.group is not None and p.group_max is not None and groups[p.group] >= p.group_max:
+            out.reasons[p.id] = ARRAY_LIMIT
+            continue
+        fits = p.need.within(free)
+        end = None if p.limit is None else now + p.limit + grace
+        if out.blocked is None:
+            if not fits:
+                out.blocked = p.id
+                out.reasons[p.id] = RESOURCES
+                shadow = _reservation(p.need, free, ends)
+                out.shadow = None if shadow is None else shadow[0]
+                continue
+        elif shadow is None or not fits:
+            out.reasons[p.id] = PRIORITY
+            continue
+        elif end is None or end > shadow[0]:
+            if not p.need.within(shadow[1]):
+                out.reasons[p.id] = PRIORITY
+                continue
+            shadow = (shadow[0], shadow[1] - p.need)  # it still runs then: out of the extra
+        out.start.append(p.id)
+        free = free - p.need
+        ends.append((end, p.need))
+        if p.group is not None:
+            groups[p.group] += 1
+    return out
+
+
+# ---- dependencies ----------------------------------------------------------------------------
+
+SATISFIED = "satisfied"
+WAITING = "waiting"
+
+
+def dependency_state(deps: Iterable[tuple[str, int]], states: Mapping[int, str]) -> str:
+    """``satisfied``, ``waiting`` or ``DependencyNeverSatisfied`` for ``deps`` ((kind, job)
+    pairs, all of which must hold), given the predecessors' states; an unknown job never
+    satisfies anything."""
+    result = SATISFIED
+    for kind, job in deps:
+        state = states.get(job)
+        if state is None:
+            return NEVER
+        ended = state in FINAL
+        if kind == "afterok":
+            ok, never = state == "completed", ended and state != "completed"
+        elif kind == "afternotok":
+            ok, never = ended and state != "completed", state == "completed"
+        else:  # afterany
+            ok, never = ended, False
+        if never:
+            return NEVER
+        if not ok:
+            result = WAITING
+    return result
