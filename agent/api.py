@@ -57,6 +57,8 @@ MAX_COMMAND_BYTES = 128 * 1024
 PMI_KINDS = ("none", "pmi1", "pmi2")
 #: The node name keeps two agents' outputs apart in a shared directory (job ids are per agent).
 DEFAULT_OUTPUT = "tether-%N-%j.out"
+#: Jobs one submission may depend on, arrays counted element by element.
+MAX_DEPENDENCIES = 1000
 #: An array element's: Slurm's %A_%a
 DEFAULT_ARRAY_OUTPUT = "tether-%N-%A_%a.out"
 
@@ -295,7 +297,11 @@ def _sched_args(agent: Agent, args: Any) -> dict[str, Any]:
         deps: list[tuple[str, int]] = []
         for kind, job, index in refs:
             deps += [(kind, j.id) for j in _targets(agent, job, index)]
-        out["dependency"] = list(dict.fromkeys(deps))
+        deps = list(dict.fromkeys(deps))
+        if len(deps) > MAX_DEPENDENCIES:  # arrays expand: the pass reads every one's state
+            raise BadRequest(f"dependency {text!r} names {len(deps)} jobs (arrays count each "
+                             f"element); at most {MAX_DEPENDENCIES}")
+        out["dependency"] = deps
     return out
 
 

@@ -8,9 +8,11 @@ database is the only durable state and is written before anyone is told anything
 
 Group commit. Each turn of the loop (one poll's events, the timers, the scheduler) commits its
 writes one by one without an fsync; whatever they lead to outside the agent (replies, spawns,
-requests to supervisors, kills) is held (``hold``); at the end of the turn one fsync makes the
-turn's commits durable and then the held actions go out, in order (``flush``). So submits and
-transitions that arrive together cost one fsync, and none is acknowledged before it is durable.
+requests to supervisors, kills) is held (``hold``); at the end of the turn the held actions go
+to the sync thread as one batch (``flush``, agent/syncer.py), and come back, in order, once one
+fsync has made the turn's commits durable (``synced``). So submits and transitions that arrive
+together cost one fsync, none is acknowledged before it is durable, and the loop never waits
+for the disk.
 
 What happens to a (job, attempt) is decided by ``lifecycle.py`` alone (a pure transition
 table); this module turns replies, timeouts, pidfds and what the run directory says into its
@@ -54,6 +56,7 @@ from tether.agent.ledger import Allocation, Conflict, Ledger, Request
 from tether.agent.link import Link
 from tether.agent.offload import Offload
 from tether.agent.spawn import Spawner, SpawnError
+from tether.agent.syncer import Syncer
 from tether.shared import protocol
 from tether.shared.door import Conn, Door, answer
 from tether.shared.errors import Busy, RemoteError, TetherError
@@ -141,6 +144,9 @@ class Agent:
         self.door: Door | None = None
         #: slow calls (user lookups, checks run as the user) off the loop
         self.offload = Offload()
+        #: group commit: fsyncs the database for each turn's held actions, off the loop
+        self.syncer = Syncer(lambda: self.db.fsync_wal(), self.before_sync)
+        self.sync_failed = False
         #: job ids handed to submissions still being checked (recorded once they pass)
         self.reserved: set[int] = set()
         self.stopping = False
@@ -245,7 +251,7 @@ class Agent:
             # dead ones are resolved from disk (all synchronous), and the hello and claim of the
             # live ones are answered concurrently, in this loop, while requests are served.
             self.reattach()
-            self.flush()
+            self.flush_here()
             self.reattach_t0 = t0 if self.reattaching else None
             if self.cluster is not None:
                 self.cluster.start()
@@ -253,6 +259,7 @@ class Agent:
                              log=log, on_close=self.on_door_close)
             self.poller.register(self.door.fileno(), zmq.POLLIN)
             self.poller.register(self.offload.fileno(), zmq.POLLIN)
+            self.poller.register(self.syncer.fileno(), zmq.POLLIN)
             log.info("agent serving on %s after %.0f ms (node %s, %d CPUs, %d GPUs, %d MB)",
                      self.layout.sock, (time.monotonic() - t0) * 1000, self.cfg.node,
                      len(self.cfg.cpu_ids), self.cfg.gpus, self.cfg.memory_mb)
@@ -265,6 +272,11 @@ class Agent:
 
     def shutdown(self) -> None:
         """Stop serving. Every supervisor and every job keeps running."""
+        if self.store is not None and not self.sync_failed:
+            try:  # what was acknowledged in the last turns, and is durable, still goes out
+                self.flush_here()
+            except Exception:
+                log.exception("making the last writes durable")
         if self.cluster is not None:
             self.cluster.stop()
         self.spawner.close()
@@ -317,36 +329,66 @@ class Agent:
 
     def hold(self, action: Callable[[], None]) -> None:
         """Do ``action`` (a reply, a spawn, a request to a supervisor: anything someone could
-        act on) now if every write so far is durable, else once it is (``flush``), in order."""
-        if self.held or self.db.dirty:
+        act on) now if every write so far is durable and nothing held is still waiting, else
+        once that is so (``flush``, ``synced``), in order."""
+        if self.held or self.db.dirty or self.syncer.in_flight:
             self.held.append(action)
         else:
             action()
 
     def flush(self) -> None:
-        """End of a turn: one fsync makes all of the turn's commits durable (group commit),
-        then what was held goes out, in order. What that does may write and hold again."""
+        """End of a turn: the turn's held actions go to the sync thread as one batch, to come
+        back (``synced``) once one fsync has made the turn's commits durable (group commit).
+        The loop does not wait for it."""
+        if not self.held and not self.db.dirty:
+            return
+        sync = self.db.dirty
+        if sync:
+            self.db.mark_synced()
+        batch, self.held = list(self.held), deque()
+        self.syncer.submit(batch, sync)
+
+    def synced(self) -> None:
+        """The sync thread made batches durable: do their actions, in order. What they do
+        may write and hold again (a later batch)."""
+        try:
+            actions = self.syncer.service()
+        except OSError as exc:  # the kernel may have dropped the pages: crash-only, tell
+            # nobody anything; a restarted agent reads what the disk really holds
+            self.sync_failed = True
+            raise AgentError(f"cannot make the database durable: {exc}") from None
+        self.run_actions(actions)
+
+    def run_actions(self, actions: list[Callable[[], None]]) -> None:
+        for action in actions:
+            try:
+                action()
+            except Exception:  # one job's bug must not keep the others' replies
+                log.exception("internal error in %r", action)
+
+    def flush_here(self) -> None:
+        """Make every write durable and do every held action, on the loop and at once (before
+        serving and when stopping), until nothing is left."""
+        pending = self.syncer.close() if self.syncer.in_flight else []
+        self.db.sync(force=bool(pending))  # they may wait for an fsync the thread never did
+        self.run_actions(pending)
         while True:
-            if self.db.dirty:
-                if self.crash_at_sync and self.held:
-                    self.crash_at_sync -= 1
-                    if not self.crash_at_sync:
-                        log.warning("fault injection: SIGKILL before the sync (%d held)",
-                                    len(self.held))
-                        os.kill(os.getpid(), signal.SIGKILL)
-                try:
-                    self.db.sync()
-                except OSError as exc:  # the kernel may have dropped the pages: crash-only,
-                    # tell nobody anything; a restarted agent reads what the disk really holds
-                    raise AgentError(f"cannot make the database durable: {exc}") from None
+            self.db.sync()
             if not self.held:
                 return
-            batch, self.held = self.held, deque()
-            for action in batch:
-                try:
-                    action()
-                except Exception:  # one job's bug must not keep the others' replies
-                    log.exception("internal error in %r", action)
+            batch, self.held = list(self.held), deque()
+            self.run_actions(batch)
+
+    def before_sync(self, held: bool) -> None:
+        """On the sync thread, before each fsync: the faults ``crash-before-sync[:N]`` and
+        ``hold-sync``."""
+        if held and agent_fault(self.cfg.faults, "hold-sync"):
+            _hold(self.layout.state_dir, "sync")
+        if self.crash_at_sync and held:
+            self.crash_at_sync -= 1
+            if not self.crash_at_sync:
+                log.warning("fault injection: SIGKILL before the sync")
+                os.kill(os.getpid(), signal.SIGKILL)
 
     def dispatch_event(self, item: Any, wake_r: socket.socket) -> None:
         if item is wake_r or item == wake_r.fileno():
@@ -355,6 +397,8 @@ class Agent:
             self.door.service()
         elif item == self.offload.fileno():
             self.offload.service()
+        elif item == self.syncer.fileno():
+            self.synced()
         elif isinstance(item, int) and self.spawner.owns(item):
             self.spawner.readable(item)
         elif isinstance(item, int) and item in self.extra_fds:

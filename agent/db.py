@@ -5,10 +5,11 @@ It holds intent (what the agent asked for: the job, its attempt, its allocation)
 
 Group commit. Each write is its own transaction, as before (so a full disk fails that write
 alone), but a commit does not fsync (``synchronous=NORMAL``: it is in the kernel's page cache,
-which survives the agent's death). The agent calls ``sync`` once per turn of its loop, after
-the turn's commits and before anything of that turn is told to anyone or done to a process
-(daemon.py holds those until then): one fsync of the WAL makes every commit of the turn
-durable against a power cut. Checkpoints sync the WAL and the database as before.
+which survives the agent's death). At the end of each turn of its loop the agent has the WAL
+fsync'd (``fsync_wal``, on its sync thread, agent/syncer.py) before anything of that turn is
+told to anyone or done to a process (daemon.py holds those until then): one fsync makes every
+commit before it durable against a power cut. Checkpoints sync the WAL and the database as
+before.
 """
 
 from __future__ import annotations
@@ -340,12 +341,24 @@ class Store:
             self.conn.close()
             raise
 
-    def sync(self) -> bool:
-        """Make every commit so far durable: one fsync of the WAL (the directory's too the
-        first time, the file may be new). False if nothing was committed since the last."""
-        if not self.dirty:
+    def sync(self, *, force: bool = False) -> bool:
+        """Make every commit so far durable, here and now. False if nothing was committed
+        since the last ``sync`` or ``mark_synced`` (unless ``force``)."""
+        if not self.dirty and not force:
             return False
-        changes = self.conn.total_changes
+        self.mark_synced()
+        self.fsync_wal()
+        return True
+
+    def mark_synced(self) -> None:
+        """Every commit so far is being made durable (by ``fsync_wal``, maybe on another
+        thread): ``dirty`` counts from here."""
+        self.unsynced = False
+        self.synced_changes = self.conn.total_changes
+
+    def fsync_wal(self) -> None:
+        """One fsync of the WAL (the directory's too the first time: the file may be new):
+        every commit made before the call is durable after it. Thread-safe: no SQLite."""
         try:
             fd = os.open(self.wal, os.O_RDONLY | os.O_CLOEXEC)
         except FileNotFoundError:  # no WAL: the commits were checkpointed into the database
@@ -363,10 +376,7 @@ class Store:
             finally:
                 os.close(fd)
             self.dir_synced = True
-        self.unsynced = False
-        self.synced_changes = changes
         self.syncs += 1
-        return True
 
     @property
     def dirty(self) -> bool:

@@ -10,7 +10,7 @@ from contextlib import contextmanager
 import tether
 from tether.cli.errors import CliError
 from tether.shared import protocol
-from tether.shared.client import Client, probe_unix
+from tether.shared.client import Client, NotListening, probe_unix
 from tether.shared.errors import RemoteError, TetherError, Unreachable
 from tether.shared.paths import Layout
 from tether.shared.step_client import StepClient, SupervisorGone, connect
@@ -30,10 +30,11 @@ def agent_call(layout: Layout, kind: str, args: dict[str, Any] | None = None,
     client = _open.pop(layout.sock, None) if kind in _RESENDABLE else None
     reused = client is not None
     if client is None:
-        why = probe_unix(layout.sock)
-        if why is not None:
-            raise CliError(f"no agent is answering at {layout.sock} ({why})")
         client = Client(layout.sock, timeout=timeout)
+        try:
+            client.connect()
+        except NotListening as exc:
+            raise CliError(f"no agent is answering at {layout.sock} ({exc.why})") from None
     watch = None
     if timeout > 5.0:  # a long poll: notice an agent that dies while holding it
         watch = AgentWatch(layout.sock)

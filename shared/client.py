@@ -34,17 +34,30 @@ def probe_unix(path: str, timeout: float = 1.0) -> str | None:
     s.settimeout(timeout)
     try:
         s.connect(path)
-    except FileNotFoundError:
-        return "no socket"
-    except ConnectionRefusedError:
-        return "nobody is listening (stale socket)"
-    except PermissionError:
-        return "permission denied"
     except OSError as exc:
-        return exc.strerror or str(exc)
+        return why_unreachable(exc)
     finally:
         s.close()
     return None
+
+
+def why_unreachable(exc: OSError) -> str:
+    """Why connecting to a socket failed, in the words ``probe_unix`` uses."""
+    if isinstance(exc, FileNotFoundError):
+        return "no socket"
+    if isinstance(exc, ConnectionRefusedError):
+        return "nobody is listening (stale socket)"
+    if isinstance(exc, PermissionError):
+        return "permission denied"
+    return exc.strerror or str(exc)
+
+
+class NotListening(Unreachable):
+    """``Client.connect`` found nobody to talk to (``why``: as ``probe_unix`` says it)."""
+
+    def __init__(self, message: str, why: str) -> None:
+        super().__init__(message)
+        self.why = why
 
 
 class _Zmtp(Exception):
@@ -60,6 +73,7 @@ class Client:
         self.path = path
         self.timeout = timeout
         self._sock: socket.socket | None = None
+        self._fresh = False
         self._deframer = framing.Deframer()
         #: a ZeroMQ client, once the peer turned out to be a tether 0.1 daemon
         self.legacy: Any = None
@@ -70,6 +84,11 @@ class Client:
         self.protocol: int | None = None
         self.release: str | None = None
 
+    def connect(self) -> None:
+        """Connect now (else the first call does): ``NotListening`` if nobody accepts. Instead
+        of a ``probe_unix`` first, which costs the server a connection of its own."""
+        self._socket(time.monotonic() + self.timeout)
+
     def _socket(self, deadline: float) -> socket.socket:
         if self._sock is None:
             s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
@@ -78,10 +97,11 @@ class Client:
                 s.connect(self.path)
             except OSError as exc:
                 s.close()
-                raise Unreachable(f"cannot connect to {self.path}: "
-                                  f"{exc.strerror or exc}") from None
+                raise NotListening(f"cannot connect to {self.path}: "
+                                   f"{exc.strerror or exc}", why_unreachable(exc)) from None
             s.setblocking(False)
             self._sock = s
+            self._fresh = True  # nothing exchanged on it yet (``call``: a ZeroMQ peer?)
             self._deframer = framing.Deframer()
         return self._sock
 
@@ -117,7 +137,8 @@ class Client:
         v = protocol.version_for(kind, self.protocol)
         data = framing.frame(protocol.encode_request(
             protocol.Request(id=rid, kind=kind, args=args or {}, v=v)))
-        fresh = self._sock is None
+        fresh = self._sock is None or self._fresh
+        self._fresh = False
         try:
             try:
                 return self._exchange(kind, rid, data, budget, deadline, watch, watch_interval)

@@ -45,6 +45,10 @@ FAULTS = (
           "the worker thread that makes each spawn's run directory, that done, creates "
           "`prep.held` in the state directory and goes on once `prep.go` exists there (the "
           "agent must keep serving meanwhile)"),
+    Fault(AGENT, "hold-sync", "the agent",
+          "the sync thread (group commit), before each fsync that actions wait for, creates "
+          "`sync.held` in the state directory and goes on once `sync.go` exists there (the "
+          "loop must keep reading and recording requests meanwhile)"),
     Fault(AGENT, "no-template", "the agent",
           "no supervisor template: every supervisor starts cold (tests and benchmarks compare "
           "the two)"),

@@ -31,7 +31,7 @@ import time
 from collections.abc import Iterator
 
 from tether.shared import outpattern
-from tether.shared.client import Client, probe_unix
+from tether.shared.client import Client, NotListening, probe_unix
 from tether.shared.errors import RemoteError, TetherError, Unreachable, VersionMismatch
 from tether.shared.paths import Layout, default_state_dir
 from tether.shared.procid import ProcId
@@ -390,11 +390,13 @@ def connect(job: int, *, state_dir: str | None = None, timeout: float = 5.0) -> 
     """Connect to the supervisor of ``job``'s newest attempt under ``state_dir`` (default: as
     the CLI's) and shake hands. Raises ``SupervisorGone`` when there is no live supervisor."""
     path = find_socket(job, state_dir)
-    why = probe_unix(path)
-    if why is not None:
-        raise SupervisorGone(f"job {job}: its supervisor is not answering at {path} ({why})")
     step = StepClient(path, job, timeout=timeout)
     try:
+        try:
+            step.client.connect()
+        except NotListening as exc:
+            raise SupervisorGone(f"job {job}: its supervisor is not answering at {path} "
+                                 f"({exc.why})") from None
         step.handshake()
     except BaseException:
         step.close()

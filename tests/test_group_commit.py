@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sqlite3
 import threading
 
 from tests.helpers import Node, poll_until
@@ -148,3 +149,45 @@ def test_a_slow_spawn_holds_up_no_request(node: Node) -> None:
     assert node.wait_end(first)["state"] == "completed"
     assert node.wait_end(second)["state"] == "completed"
     assert node.job(third)["state"] == "cancelled"
+
+
+def test_the_loop_records_requests_while_an_fsync_is_slow(make_node: type[Node]) -> None:
+    """While the sync thread is stuck before an fsync (fault ``hold-sync``), the loop goes on
+    reading and recording submits (committed, not yet answered); once the fsync goes on, every
+    submitter is answered, and the submits that came in meanwhile shared the fsyncs that
+    followed (fewer fsyncs than submits)."""
+    node = make_node(cpus=1)
+    node.start(env={"TETHER_AGENT_FAULT": "hold-sync"})
+    acked: list[int] = []
+    lock = threading.Lock()
+
+    def client(*command: str) -> None:
+        with Client(node.layout.sock, timeout=60) as c:
+            job_id = _submit(c, node, *command)
+            with lock:
+                acked.append(job_id)
+
+    # the first submit's fsync is held (its reply waits too); it takes the only CPU
+    threads = [threading.Thread(target=client, args=("sleep", "600"))]
+    threads[0].start()
+    held = os.path.join(node.state, "sync.held")
+    poll_until(lambda: os.path.exists(held), 20, "a sync to be held")
+    threads += [threading.Thread(target=client, args=("true", f"c{n}")) for n in range(8)]
+    for t in threads[1:]:
+        t.start()
+
+    def recorded() -> int:
+        db = sqlite3.connect(f"file:{node.layout.db}?mode=ro", uri=True)
+        try:
+            return int(db.execute("SELECT COUNT(*) FROM jobs").fetchone()[0])
+        finally:
+            db.close()
+    poll_until(lambda: recorded() == 9, 30, "the loop to record every submit meanwhile")
+    assert acked == [], "a submit was answered before its fsync"
+    with open(os.path.join(node.state, "sync.go"), "w"):
+        pass
+    for t in threads:
+        t.join(60)
+    assert sorted(acked) == list(range(1, 10))
+    syncs = node.status()["db_syncs"]
+    assert syncs < 1 + 1 + 8, f"{syncs} fsyncs: the submits did not share them"

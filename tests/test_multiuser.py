@@ -326,3 +326,21 @@ def test_attack13_control_characters_are_escaped_in_what_the_cli_prints(
     assert "\\x1b]0;pwned" in node.ok("inspect", str(job), "--pids")
     node.ok("cancel", str(job))
     node.wait_end(job)
+
+
+def test_only_the_owner_or_root_holds_and_releases(node: Node, two: list[User]) -> None:
+    alice, bob = two
+    shared(node)
+    work = home_for(node, alice)
+    node.start()
+    job = int(ok_as(alice, node, "submit", "--hold", "--", "true", cwd=work))
+    for verb in ("release", "hold", "cancel"):
+        res = cli_as(bob, node, verb, str(job))
+        assert res.returncode == 1 and "permission denied" in res.stderr, (verb, res.stderr)
+        assert len(res.stderr.splitlines()) == 1
+    assert json.loads(ok_as(bob, node, "show", str(job), "--json"))["reason"] == "JobHeldUser"
+    ok_as(alice, node, "release", str(job))
+    assert node.wait_end(job)["state"] == "completed"
+    again = int(ok_as(alice, node, "submit", "--hold", "--", "true", cwd=work))
+    node.ok("release", str(again))  # root may
+    assert node.wait_end(again)["state"] == "completed"

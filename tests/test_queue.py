@@ -95,6 +95,8 @@ def test_an_array_of_20_runs_at_most_5_at_once(make_node: Any) -> None:
     elements = [j for j in json.loads(node.ok("list", "--json")) if j["array_id"] == second]
     assert [j["state"] for j in elements].count("running") == 2
     assert {j["reason"] for j in elements if j["state"] == "pending"} == {"JobArrayTaskLimit"}
+    inspected = json.loads(node.ok("inspect", f"{second}_1", "--json"))  # its supervisor
+    assert (inspected["job"], inspected["state"]) == (second, "running")
     node.ok("cancel", f"{second}_6")  # one element alone
     assert node.job(second + 5)["state"] == "cancelled"
     assert node.job(second)["state"] == "running"
@@ -148,10 +150,13 @@ def test_jobs_beyond_what_a_pass_examines_wait_for_priority(make_node: Any) -> N
     gate = os.path.join(node.work, "go")
     head = node.submit("sh", "-c", GATED.format(gate=gate, code=0))
     node.wait_state(head, ("running",))
-    array = int(node.ok("submit", "--array", "0-149", "--", "true").strip())
+    array = int(node.ok("submit", "--array", "0-999", "--", "true").strip())
     assert json.loads(node.ok("show", f"{array}_0", "--json"))["reason"] == "Resources"
-    for index in (1, 99, 100, 149):  # a pass plans for 100; the rest wait behind them too
+    for index in (1, 99, 100, 999):  # a pass plans for 100; the rest wait behind them too
         assert json.loads(node.ok("show", f"{array}_{index}", "--json"))["reason"] == "Priority"
+    # a dependency on an array counts every element: 1,001 jobs are more than one may name
+    res = node.cli("submit", "--dependency", f"afterok:{array},afterany:{head}", "--", "true")
+    assert res.returncode == 1 and "at most 1000" in res.stderr, res.stderr
     node.ok("cancel", str(array))
     open(gate, "w").close()
     assert node.wait_end(head)["state"] == "completed"

@@ -62,6 +62,17 @@ def test_the_limit_holds_across_an_agent_sigkill(node: Node) -> None:
         assert (j["state"], j["signal"]) == ("timeout", signal.SIGTERM), j
 
 
+def test_the_limit_crosses_a_supervisor_re_exec(node: Node) -> None:
+    """``upgrade-supervisors`` hands the armed limit to the new image (handover ``timers``)."""
+    node.start()
+    job = node.submit("sleep", "60", opts=("--time", "0:03"))
+    node.wait_state(job, ("running",))
+    res = node.cli("upgrade-supervisors", str(job))
+    assert res.returncode == 0, res.stderr + node.logs()
+    assert node.cli("wait", str(job), "--timeout", "30").returncode == 128 + signal.SIGTERM
+    assert node.job(job)["state"] == "timeout"
+
+
 def test_node_default_and_maximum(make_node: Any) -> None:
     node: Node = make_node(cpus=1, extra=["--default-time", "0:01", "--max-time", "5"])
     node.start()
