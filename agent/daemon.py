@@ -58,7 +58,7 @@ from tether.agent.spawn import Spawner, SpawnError
 from tether.agent.syncer import Syncer
 from tether.shared import protocol
 from tether.shared.door import Conn, Door, answer
-from tether.shared.errors import Busy, RemoteError, TetherError
+from tether.shared.errors import RemoteError, TetherError
 from tether.shared.faults import agent_fault
 from tether.shared.parking import Lot
 from tether.shared.paths import Layout, RunDir
@@ -464,7 +464,7 @@ class Agent:
 
     def identity(self, job: Job, umask: int) -> dict[str, Any]:
         """Who the tasks run as: the job's user, looked up again at launch (groups may change).
-        On the worker thread (``launch``): the user database may be LDAP, and slow."""
+        On the spawner's worker thread (``launch``): the user database may be LDAP, and slow."""
         if agent_fault(self.cfg.faults, "hold-lookup"):
             _hold(self.layout.state_dir, "lookup")
         user: users.User | None
@@ -481,32 +481,40 @@ class Agent:
 
     def launch(self, job: Job) -> None:
         """Effect ``Spawn`` (L2, L3): feeds ``Spawned`` (once the supervisor is ready) or
-        ``SpawnFailed``; nothing here waits, neither for the user database (the job's user is
-        looked up on the worker thread, ``identity``) nor for the supervisor."""
-        lookup = functools.partial(self.identity, job, self.db.umask_of(job.id))
-
-        def looked_up(ident: dict[str, Any] | None, exc: BaseException | None) -> None:
-            m = self.machines.get(job.id)
-            if m is None or m.attempt != job.attempt or m.state is not lifecycle.State.STARTING:
-                return  # settled meanwhile (cannot happen before a spawn; never spawn for it)
-            if exc is not None or ident is None:
-                why = str(exc) if isinstance(exc, SpawnError) else f"looking up its user: {exc}"
-                log.error("job %d: %s", job.id, why)
-                self.feed(job.id, job.attempt, lifecycle.SpawnFailed(reason=why))
-                return
-            self.spawn(job, ident)
-        try:
-            self.offload.submit(lookup, looked_up, "launches")
-        except Busy:  # the worker is backed up (a flood of submissions): look up here
-            try:
-                ident = lookup()
-            except Exception as exc:
-                looked_up(None, exc)
-            else:
-                looked_up(ident, None)
-
-    def spawn(self, job: Job, ident: dict[str, Any]) -> None:
+        ``SpawnFailed``; nothing here waits, neither for the user database nor for the file
+        system (the job's user is looked up, ``identity``, and its run directory made on the
+        spawner's worker thread, in one go) nor for the supervisor."""
         rd = self.layout.run_dir(job.id, job.attempt)
+        base = self.spec_of(job)
+        umask = self.db.umask_of(job.id)
+
+        def spec() -> dict[str, Any]:  # on the spawner's worker thread
+            return {**base, **self.identity(job, umask)}
+
+        def wanted() -> bool:  # on the loop, before the supervisor is started
+            m = self.machines.get(job.id)
+            # settled meanwhile (cannot happen before a spawn; never spawn for it)
+            return m is not None and m.attempt == job.attempt and \
+                m.state is lifecycle.State.STARTING
+
+        def failed(exc: BaseException) -> None:
+            if not isinstance(exc, (SpawnError, OSError)):
+                exc = SpawnError(f"looking up its user: {exc}")
+            self.spawn_failed(job.id, job.attempt, exc)
+        try:
+            self.spawner.spawn(
+                rd, spec, wanted=wanted,
+                on_pid=lambda pid: log.info("job %d attempt %d: supervisor spawned (pid %d)",
+                                            job.id, job.attempt, pid),
+                # only once it is bound: hello and claim reach it at once (spawn.py)
+                on_ready=lambda: self.feed(job.id, job.attempt, lifecycle.Spawned(pid=0)),
+                on_gone=lambda why: self.spawn_gone(job.id, job.attempt, why),
+                on_failed=failed)
+        except (SpawnError, OSError) as exc:
+            self.spawn_failed(job.id, job.attempt, exc)
+
+    def spec_of(self, job: Job) -> dict[str, Any]:
+        """The supervisor's spec (spec.json) but for who the tasks run as (``identity``)."""
         per = job.cpus_per_task
         spec = {
             "schema": tether.shared.records.SCHEMA, "job": job.id, "attempt": job.attempt,
@@ -517,23 +525,12 @@ class Agent:
             "env": job.env, "workdir": job.workdir, "output": job.output, "error": job.error,
             "claim_timeout": self.cfg.claim_timeout, "linger": self.cfg.linger,
             "kill_grace": self.cfg.cancel_grace, "agent_uid": os.getuid(), "pmi": job.pmi,
-            **ident,
         }
         if job.time_limit is not None:
             spec["time_limit"] = job.time_limit  # the supervisor enforces it (survives us)
         if job.array_id is not None:
             spec["array"] = {"id": job.array_id, "index": job.array_index}
-        try:
-            self.spawner.spawn(
-                rd, spec,
-                on_pid=lambda pid: log.info("job %d attempt %d: supervisor spawned (pid %d)",
-                                            job.id, job.attempt, pid),
-                # only once it is bound: hello and claim reach it at once (spawn.py)
-                on_ready=lambda: self.feed(job.id, job.attempt, lifecycle.Spawned(pid=0)),
-                on_gone=lambda why: self.spawn_gone(job.id, job.attempt, why),
-                on_failed=lambda exc: self.spawn_failed(job.id, job.attempt, exc))
-        except (SpawnError, OSError) as exc:
-            self.spawn_failed(job.id, job.attempt, exc)
+        return spec
 
     def spawn_failed(self, job_id: int, attempt: int, exc: BaseException) -> None:
         """No supervisor could be started for the attempt (unless its lock says otherwise)."""
