@@ -42,24 +42,24 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 import zmq
 
 import tether
 import tether.shared.records
-from tether.agent import api, fallback, lifecycle, schedule, statedir, users
+from tether.agent import api, fallback, lifecycle, statedir, users
 from tether.agent.contain import BadBase, Containment
-from tether.agent.db import ACTIVE, Job, Queued, Store, StoreFull
+from tether.agent.db import ACTIVE, Job, Store, StoreFull
 from tether.agent.ledger import Allocation, Conflict, Ledger, Request
 from tether.agent.link import Link
 from tether.agent.offload import Offload
+from tether.agent.scheduler import Scheduler
 from tether.agent.spawn import Spawner, SpawnError
 from tether.agent.syncer import Syncer
 from tether.shared import protocol
 from tether.shared.door import Conn, Door, answer
-from tether.shared.errors import Busy, RemoteError, TetherError
+from tether.shared.errors import RemoteError, TetherError
 from tether.shared.faults import agent_fault
 from tether.shared.parking import Lot
 from tether.shared.paths import Layout, RunDir
@@ -79,27 +79,6 @@ RETRY_UNRESPONSIVE = 5.0
 UPGRADE_PAUSE = 1.5
 #: after a database write failed for want of space, the event is fed again this much later
 RETRY_FULL = 1.0
-#: pending jobs a pass of the scheduler plans for that could start (Slurm's bf_max_job_test),
-#: and the most it reads to find them (held and waiting jobs are read but do not count)
-SCHED_WINDOW = 100
-SCHED_SCAN = 5000
-
-
-@dataclass
-class RunInfo:
-    """What the scheduler knows of a job holding resources: its limit, start and array."""
-
-    limit: float | None = None
-    #: epoch seconds: the supervisor's start of the tasks once known, else when it was started
-    start: float | None = None
-    group: int | None = None
-
-    def end(self, now: float) -> float | None:
-        if self.limit is None:
-            return None
-        return (now if self.start is None else self.start) + self.limit
-
-
 @dataclass
 class AgentConfig:
     state_dir: str
@@ -165,12 +144,8 @@ class Agent:
         #: the allocation each job holds in the ledger right now (released exactly once)
         self.allocations: dict[int, Allocation] = {}
         self.schedule_due = False
-        #: the scheduler's last word on each pending job it examined (``public``)
-        self.pending_reasons: dict[int, str] = {}
-        #: the last id the scheduler examined when it examined a full window, else None
-        self.queue_end: int | None = None
-        #: limit, start and array of every job holding resources (``schedule``)
-        self.run_info: dict[int, RunInfo] = {}
+        #: the queue's pass (EASY backfill) and what it knows between passes
+        self.scheduler = Scheduler(self)
         self.pidfd_owners: dict[int, Link] = {}
         self.lock_fd = -1
         self.dir_fd = -1
@@ -469,62 +444,8 @@ class Agent:
     # ---- scheduling ------------------------------------------------------------------------
 
     def schedule(self) -> None:
-        """One pass of the scheduler (``schedule.plan``, EASY backfill): start what may start
-        now, cancel what can never start, and note why every other examined job waits."""
-        jobs, more = self.queue()
-        states = self.db.states_of({j for job in jobs for _, j in job.dependency})
-        pending: list[schedule.Pending] = []
-        doomed: list[Queued] = []
-        for job in jobs:
-            blocked = None
-            if job.dependency:
-                dep = schedule.dependency_state(job.dependency, states)
-                if dep == schedule.NEVER:
-                    doomed.append(job)
-                    continue
-                blocked = schedule.DEPENDENCY if dep == schedule.WAITING else None
-            if job.held:
-                blocked = schedule.HELD
-            pending.append(schedule.Pending(
-                job.id, schedule.Res(job.cpus, job.gpus, job.memory_mb),
-                job.time_limit, blocked, job.array_id, job.array_max))
-        now = time.time()
-        running = [schedule.Running(job_id, schedule.Res(len(a.cpus), len(a.gpus), a.memory_mb),
-                                    self.run_info.get(job_id, RunInfo()).end(now),
-                                    self.run_info.get(job_id, RunInfo()).group)
-                   for job_id, a in self.allocations.items()]
-        free = schedule.Res(len(self.ledger.free_cpus), len(self.ledger.free_gpus),
-                            self.ledger.free_memory)
-        plan = schedule.plan(pending, running, free, now, grace=self.cfg.cancel_grace)
-        self.pending_reasons = plan.reasons
-        self.queue_end = jobs[-1].id if more else None
-        for n, job_id in enumerate(plan.start):
-            if not self.start(self.db.get_required(job_id)):  # the plan and the ledger differ
-                log.error("job %d: planned to start but does not fit; the next pass decides",
-                          job_id)
-                self.pending_reasons.update(dict.fromkeys(plan.start[n:], schedule.RESOURCES))
-                break
-        for queued in doomed:
-            # Slurm's kill_invalid_depend: a dependency that can never be satisfied cancels
-            self.job_ended(self.finalize(queued.id, lifecycle.Finalize(
-                state="cancelled", reason=schedule.NEVER)))
-            self.schedule_due = True  # its own dependents, next pass
-
-    def queue(self) -> tuple[list[Queued], bool]:
-        """The pending jobs the scheduler examines: in queue order, until SCHED_WINDOW of them
-        could start now (held and waiting ones are passed over and do not count); and whether
-        more pending jobs follow."""
-        out: list[Queued] = []
-        eligible = 0
-        while True:
-            page = self.db.queue(out[-1].id if out else 0, SCHED_WINDOW)
-            for job in page:
-                if eligible >= SCHED_WINDOW or len(out) >= SCHED_SCAN:
-                    return out, True
-                out.append(job)
-                eligible += not (job.held or job.dependency)
-            if len(page) < SCHED_WINDOW:
-                return out, False
+        """One pass of the scheduler (``scheduler.py``)."""
+        self.scheduler.run()
 
     def start(self, job: Job) -> bool:
         """Allocate, record and spawn one job the plan starts; False if it does not fit."""
@@ -542,33 +463,19 @@ class Agent:
             self.ledger.release(alloc)  # nothing was recorded: nothing is held
             raise
         self.allocations[job.id] = alloc
-        self.run_info[job.id] = RunInfo(job.time_limit, time.time(), job.array_id)
+        self.scheduler.started(job)
         machine, effects = lifecycle.start(job.id, attempt, cancel=job.cancel_requested)
         self.machines[job.id] = machine
         self.perform(machine, effects)
         return True
 
     def public(self, job: Job) -> dict[str, Any]:
-        """The job object, with a pending job's reason as the last pass of the scheduler saw
-        it (Slurm's words)."""
-        if job.state == "pending":
-            if job.held:
-                job.pending_reason = schedule.HELD
-            elif job.id in self.pending_reasons:
-                job.pending_reason = self.pending_reasons[job.id]
-            elif self.queue_end is not None and job.id > self.queue_end:
-                job.pending_reason = schedule.DEPENDENCY if job.dependency else \
-                    schedule.PRIORITY
-        return job.public()
-
-    def note_start(self, job: Job) -> None:
-        """The supervisor's own start of the tasks: where its time limit counts from."""
-        stamp = _epoch(job.started_at)
-        self.run_info[job.id] = RunInfo(job.time_limit, stamp, job.array_id)
+        """The job object, with a pending job's reason (Slurm's words)."""
+        return self.scheduler.public(job)
 
     def identity(self, job: Job, umask: int) -> dict[str, Any]:
         """Who the tasks run as: the job's user, looked up again at launch (groups may change).
-        On the worker thread (``launch``): the user database may be LDAP, and slow."""
+        On the spawner's worker thread (``launch``): the user database may be LDAP, and slow."""
         if agent_fault(self.cfg.faults, "hold-lookup"):
             _hold(self.layout.state_dir, "lookup")
         user: users.User | None
@@ -585,32 +492,40 @@ class Agent:
 
     def launch(self, job: Job) -> None:
         """Effect ``Spawn`` (L2, L3): feeds ``Spawned`` (once the supervisor is ready) or
-        ``SpawnFailed``; nothing here waits, neither for the user database (the job's user is
-        looked up on the worker thread, ``identity``) nor for the supervisor."""
-        lookup = functools.partial(self.identity, job, self.db.umask_of(job.id))
-
-        def looked_up(ident: dict[str, Any] | None, exc: BaseException | None) -> None:
-            m = self.machines.get(job.id)
-            if m is None or m.attempt != job.attempt or m.state is not lifecycle.State.STARTING:
-                return  # settled meanwhile (cannot happen before a spawn; never spawn for it)
-            if exc is not None or ident is None:
-                why = str(exc) if isinstance(exc, SpawnError) else f"looking up its user: {exc}"
-                log.error("job %d: %s", job.id, why)
-                self.feed(job.id, job.attempt, lifecycle.SpawnFailed(reason=why))
-                return
-            self.spawn(job, ident)
-        try:
-            self.offload.submit(lookup, looked_up, "launches")
-        except Busy:  # the worker is backed up (a flood of submissions): look up here
-            try:
-                ident = lookup()
-            except Exception as exc:
-                looked_up(None, exc)
-            else:
-                looked_up(ident, None)
-
-    def spawn(self, job: Job, ident: dict[str, Any]) -> None:
+        ``SpawnFailed``; nothing here waits, neither for the user database nor for the file
+        system (the job's user is looked up, ``identity``, and its run directory made on the
+        spawner's worker thread, in one go) nor for the supervisor."""
         rd = self.layout.run_dir(job.id, job.attempt)
+        base = self.spec_of(job)
+        umask = self.db.umask_of(job.id)
+
+        def spec() -> dict[str, Any]:  # on the spawner's worker thread
+            return {**base, **self.identity(job, umask)}
+
+        def wanted() -> bool:  # on the loop, before the supervisor is started
+            m = self.machines.get(job.id)
+            # settled meanwhile (cannot happen before a spawn; never spawn for it)
+            return m is not None and m.attempt == job.attempt and \
+                m.state is lifecycle.State.STARTING
+
+        def failed(exc: BaseException) -> None:
+            if not isinstance(exc, (SpawnError, OSError)):
+                exc = SpawnError(f"looking up its user: {exc}")
+            self.spawn_failed(job.id, job.attempt, exc)
+        try:
+            self.spawner.spawn(
+                rd, spec, wanted=wanted,
+                on_pid=lambda pid: log.info("job %d attempt %d: supervisor spawned (pid %d)",
+                                            job.id, job.attempt, pid),
+                # only once it is bound: hello and claim reach it at once (spawn.py)
+                on_ready=lambda: self.feed(job.id, job.attempt, lifecycle.Spawned(pid=0)),
+                on_gone=lambda why: self.spawn_gone(job.id, job.attempt, why),
+                on_failed=failed)
+        except (SpawnError, OSError) as exc:
+            self.spawn_failed(job.id, job.attempt, exc)
+
+    def spec_of(self, job: Job) -> dict[str, Any]:
+        """The supervisor's spec (spec.json) but for who the tasks run as (``identity``)."""
         per = job.cpus_per_task
         spec = {
             "schema": tether.shared.records.SCHEMA, "job": job.id, "attempt": job.attempt,
@@ -621,24 +536,14 @@ class Agent:
             "env": job.env, "workdir": job.workdir, "output": job.output, "error": job.error,
             "claim_timeout": self.cfg.claim_timeout, "linger": self.cfg.linger,
             "kill_grace": self.cfg.cancel_grace, "agent_uid": os.getuid(), "pmi": job.pmi,
-            **ident,
+            # computed, no I/O: safe on the spawner's worker thread
             "cgroup": self.contain.plan(job.id, job.attempt, job.memory_mb),
         }
         if job.time_limit is not None:
             spec["time_limit"] = job.time_limit  # the supervisor enforces it (survives us)
         if job.array_id is not None:
             spec["array"] = {"id": job.array_id, "index": job.array_index}
-        try:
-            self.spawner.spawn(
-                rd, spec,
-                on_pid=lambda pid: log.info("job %d attempt %d: supervisor spawned (pid %d)",
-                                            job.id, job.attempt, pid),
-                # only once it is bound: hello and claim reach it at once (spawn.py)
-                on_ready=lambda: self.feed(job.id, job.attempt, lifecycle.Spawned(pid=0)),
-                on_gone=lambda why: self.spawn_gone(job.id, job.attempt, why),
-                on_failed=lambda exc: self.spawn_failed(job.id, job.attempt, exc))
-        except (SpawnError, OSError) as exc:
-            self.spawn_failed(job.id, job.attempt, exc)
+        return spec
 
     def spawn_failed(self, job_id: int, attempt: int, exc: BaseException) -> None:
         """No supervisor could be started for the attempt (unless its lock says otherwise)."""
@@ -726,7 +631,7 @@ class Agent:
                 job = self.db.update(m.job, state="running", pids=list(eff.pids),
                                      started_at=eff.started_at or rfc3339_now(), **who)
                 self.idents.pop(m.job, None)  # only once written: a full disk retries it
-                self.note_start(job)
+                self.scheduler.running(job)
                 log.info("job %d attempt %d running: pids %s", m.job, m.attempt, job.pids)
                 if self.cluster is not None:
                     self.hold(functools.partial(self.cluster.job_running, job))
@@ -1045,7 +950,7 @@ class Agent:
         return job
 
     def release(self, job_id: int) -> None:
-        self.run_info.pop(job_id, None)
+        self.scheduler.released(job_id)
         alloc = self.allocations.pop(job_id, None)
         if alloc is not None:
             self.ledger.release(alloc)
@@ -1096,7 +1001,7 @@ class Agent:
             self.feed(job.id, job.attempt, lifecycle.Conflict(reason=str(exc)))
             return
         self.allocations[job.id] = job.allocation
-        self.note_start(job)
+        self.scheduler.running(job)
         self.feed(job.id, job.attempt, lifecycle.Restored())
         rd = self.layout.run_dir(job.id, job.attempt)
         if not os.path.isdir(rd.path):
@@ -1133,15 +1038,6 @@ def _inode(path: str) -> tuple[int, int, int] | None:
     except OSError:
         return None
     return (st.st_dev, st.st_ino, st.st_ctime_ns)
-
-
-def _epoch(stamp: str | None) -> float | None:
-    if not stamp:
-        return None
-    try:
-        return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
 
 
 def _wake_only(signum: int, frame: object) -> None:

@@ -205,14 +205,18 @@ class Spawner:
 
     # ---- spawning --------------------------------------------------------------------------
 
-    def spawn(self, rd: RunDir, spec: dict[str, Any], *, on_pid: OnPid, on_ready: OnReady,
-              on_gone: OnGone, on_failed: OnFailed) -> None:
+    def spawn(self, rd: RunDir, spec: Callable[[], dict[str, Any]], *, on_pid: OnPid,
+              on_ready: OnReady, on_gone: OnGone, on_failed: OnFailed,
+              wanted: Callable[[], bool] = lambda: True) -> None:
         """Start a supervisor for ``rd``, returning at once.
 
-        ``on_pid`` gets its pid, ``on_ready`` is called once its socket is bound (or when
-        ``READY_TIMEOUT`` has passed: the agent then connects and asks), ``on_gone`` if it
-        ended before it was ready, ``on_failed`` (with the ``SpawnError`` or ``OSError``) if
-        nothing could be started. One of the last three, exactly once, always later.
+        ``spec()`` gives its spec, on the worker thread (it may look things up); the run
+        directory is made there too. Back on the loop, ``wanted()`` is asked first (False:
+        the run directory is removed and nothing more happens). ``on_pid`` gets its pid,
+        ``on_ready`` is called once its socket is bound (or when ``READY_TIMEOUT`` has passed:
+        the agent then connects and asks), ``on_gone`` if it ended before it was ready,
+        ``on_failed`` (with what ``spec`` or the file system raised) if nothing could be
+        started. One of the last three, exactly once, always later.
         """
         env = {k: v for k, v in os.environ.items()
                if k.startswith(("PYTHON", "LANG", "LC_", "TETHER_"))}
@@ -224,11 +228,14 @@ class Spawner:
         hold = self.hold_prep
 
         def prepare() -> None:  # on the worker thread
-            _prepare(layout, rd, spec)
+            _prepare(layout, rd, spec())
             if hold:
                 _hold(layout.state_dir)
 
         def prepared(_: Any, exc: BaseException | None) -> None:  # on the loop
+            if exc is None and not wanted():
+                shutil.rmtree(rd.path, ignore_errors=True)
+                return
             if exc is None:
                 try:
                     self._start(sp)
@@ -242,8 +249,8 @@ class Spawner:
         except Busy:  # a thousand spawns in the queue: this one is prepared here instead
             failed: BaseException | None = None
             try:
-                _prepare(layout, rd, spec)
-            except (SpawnError, OSError) as exc:
+                prepare()
+            except Exception as exc:  # as the worker would hand it over
                 failed = exc
             self.timers.at(time.monotonic(), lambda: prepared(None, failed))
 

@@ -5,7 +5,8 @@ random supervisors are SIGKILLed; afterwards every job is accounted for.
     python -m bench.chaos --jobs 120 --seconds 45 --min-restarts 5 --min-sup-kills 2
 
 Jobs (each names itself ``chaos-I``; every run of one appends a line to ``runs/I``): exit codes,
-deaths by signal, printers whose every output line is checked, two-task jobs and two-CPU jobs,
+deaths by signal, printers whose every output line is checked, two-task jobs, jobs that outlive
+their time limit (``timeout``, SIGTERM) and two-CPU jobs,
 each sleeping a little so that restarts land in every window. Allocations and states are sampled
 all along (``list``, every ``--sample`` seconds). It prints, and exits 1 unless all are 0:
 
@@ -45,7 +46,7 @@ from tether.shared.errors import TetherError
 from tether.shared.paths import Layout
 from tether.shared.procid import proc_stat
 
-FINAL = ("completed", "failed", "cancelled", "lost")
+FINAL = ("completed", "failed", "cancelled", "lost", "timeout")
 SIGNALS = {"TERM": signal.SIGTERM, "KILL": signal.SIGKILL, "USR1": signal.SIGUSR1}
 
 
@@ -59,6 +60,7 @@ class Spec:
     exit_code: int | None = 0
     signal: int | None = None
     lines: list[str] | None = None  # the exact output, sorted
+    time_limit: float | None = None
 
 
 def make_spec(i: int, rng: random.Random, runs: str) -> Spec:
@@ -81,6 +83,9 @@ def make_spec(i: int, rng: random.Random, runs: str) -> Spec:
     if kind < 0.9:
         return Spec(i, ["sh", "-c", f'{mark}echo "task $TETHER_TASK_ID"; sleep {nap}'], ntasks=2,
                     lines=["task 0", "task 1"])
+    if kind < 0.95:  # outlives its time limit: SIGTERM from its supervisor, whatever restarts
+        return Spec(i, ["sh", "-c", f"{mark}sleep 60"], state="timeout", exit_code=None,
+                    signal=int(signal.SIGTERM), time_limit=rng.choice([0.5, 1.0, 2.0]))
     return Spec(i, ["sh", "-c", f'{mark}[ "$(echo "$TETHER_CPUS" | tr , "\\n" | wc -l)" = 2 ] '
                                 f"|| exit 99; sleep {nap}"], cpus=2)
 
@@ -275,9 +280,12 @@ def submit_all(agent: Agent, specs: list[Spec], work: str, ids: dict[int, int],
     for s in specs:
         name = f"chaos-{s.index}"
         while not stop.is_set():
-            res = call(agent.layout, "submit", {
+            args: dict[str, Any] = {
                 "command": s.command, "name": name, "cpus": s.cpus, "ntasks": s.ntasks,
-                "workdir": work, "env": env})
+                "workdir": work, "env": env}
+            if s.time_limit is not None:
+                args["time_limit"] = s.time_limit
+            res = call(agent.layout, "submit", args)
             if res is not None:
                 ids[s.index] = res["id"]
                 break

@@ -20,8 +20,8 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from tether.agent import schedule  # noqa: E402
-from tether.agent.daemon import SCHED_WINDOW  # noqa: E402
 from tether.agent.db import Store  # noqa: E402
+from tether.agent.scheduler import SCHED_WINDOW  # noqa: E402
 
 
 def fill(store: Store, pending: int) -> None:

@@ -127,6 +127,10 @@ SUBMIT_KEYS = frozenset({"cluster", "cmd", "command", "cpus", "env", "error", "g
                          "state_dir", "user", "wait", "workdir"})
 
 
+#: options whose name is not their destination's
+OPTION_OF = {"time_limit": "--time"}
+
+
 def cmd_submit(conn: Conn, dsn: str, ns: argparse.Namespace) -> int:
     from tether.agent.api import MAX_COMMAND_BYTES
     from tether.shared import cluster_db
@@ -134,7 +138,7 @@ def cmd_submit(conn: Conn, dsn: str, ns: argparse.Namespace) -> int:
 
     unsupported = sorted(k for k, v in vars(ns).items() if k not in SUBMIT_KEYS and v)
     if unsupported:
-        names = ", ".join("--" + k.replace("_", "-") for k in unsupported)
+        names = ", ".join(OPTION_OF.get(k, "--" + k.replace("_", "-")) for k in unsupported)
         raise CliError(f"submit: {names} not supported for cluster jobs yet", EXIT_USAGE)
     command = list(ns.command)
     if command and command[0] == "--":

@@ -59,11 +59,15 @@ def test_a_submit_option_the_cluster_does_not_carry_is_refused() -> None:
     from tether.cli.parser import build_parser
 
     ns = build_parser().parse(["--cluster", "x", "submit", "--", "true"])
-    ns.time_limit = "5"  # as if a later option were given
+    ns.later_option = "5"  # as if a later option were given
     conn: Any = None  # never reached
-    with pytest.raises(CliError, match="--time-limit not supported for cluster jobs"):
+    with pytest.raises(CliError, match="--later-option not supported for cluster jobs"):
         cmd_submit(conn, "x", ns)
-    del ns.time_limit
+    del ns.later_option
+    ns.time_limit = 60.0  # named by its option, not its destination
+    with pytest.raises(CliError, match="submit: --time not supported for cluster jobs"):
+        cmd_submit(conn, "x", ns)
+    ns.time_limit = None
     ns.array = None  # an option given no value is fine: it falls through to the database
     with pytest.raises(AttributeError):
         cmd_submit(conn, "x", argparse.Namespace(**vars(ns)))

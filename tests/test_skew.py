@@ -168,6 +168,12 @@ def test_new_cli_says_what_an_old_supervisor_cannot_do(
     assert str(err.value).startswith("the agent is tether 0.1.0 (protocol 1) and refuses "
                                      "'submit': 'submit' got unknown arguments ['future_option']")
     assert str(err.value).endswith(both)
+    # 0.5.0's scheduling against the 0.1.0 agent: refused by name, never dropped
+    res = run(node, CLI, "hold", str(job))
+    assert (res.returncode, res.stderr) == (
+        1, f"tether: the agent is tether 0.1.0 (protocol 1) and does not answer 'hold'; {both}\n")
+    res = run(node, CLI, "submit", "--time", "5", "--", "true")
+    assert res.returncode == 1 and "unknown arguments ['time_limit']" in res.stderr, res.stderr
     assert len(json.loads(ok(node, CLI, "list", "--json"))) == 1  # nothing was recorded
     ok(node, node.tether, "cancel", str(job))
 

@@ -1,0 +1,151 @@
+"""The agent's scheduler pass: the I/O half of ``schedule.py`` (issue 13).
+
+Each pass reads the queue from the database (``Store.queue``: a window of jobs that could
+start, in id order, with only the columns planning needs), the predecessors' states, and the
+ledger's free counts; hands them with the running jobs' expected ends to the pure
+``schedule.plan``; starts what the plan starts (``Agent.start``), cancels the jobs whose
+dependency can never be satisfied, and keeps each other examined job's pending reason in memory
+for ``show`` and ``list`` (everything it is computed from is in the database, so a restarted
+agent's first pass gives the same reasons).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from tether.agent import lifecycle, schedule
+from tether.agent.db import Job, Queued
+
+if TYPE_CHECKING:
+    from tether.agent.daemon import Agent
+
+log = logging.getLogger("tether.agent")
+
+#: pending jobs a pass plans for that could start (Slurm's bf_max_job_test), and the most it
+#: reads to find them (held and waiting jobs are read but do not count)
+SCHED_WINDOW = 100
+SCHED_SCAN = 5000
+
+
+@dataclass
+class RunInfo:
+    """What the scheduler knows of a job holding resources: its limit, start and array."""
+
+    limit: float | None = None
+    #: epoch seconds: the supervisor's start of the tasks once known, else when it was started
+    start: float | None = None
+    group: int | None = None
+
+    def end(self, now: float) -> float | None:
+        if self.limit is None:
+            return None
+        return (now if self.start is None else self.start) + self.limit
+
+
+class Scheduler:
+    def __init__(self, agent: Agent) -> None:
+        self.agent = agent
+        #: the last pass's word on each pending job it examined
+        self.reasons: dict[int, str] = {}
+        #: the last id the last pass examined when more pending jobs followed, else None
+        self.queue_end: int | None = None
+        #: limit, start and array of every job holding resources
+        self.run_info: dict[int, RunInfo] = {}
+
+    def run(self) -> None:
+        """One pass: start what may start now, cancel what never can, note why the rest
+        waits."""
+        agent = self.agent
+        jobs, more = self.queue()
+        states = agent.db.states_of({j for job in jobs for _, j in job.dependency})
+        pending: list[schedule.Pending] = []
+        doomed: list[Queued] = []
+        for job in jobs:
+            blocked = None
+            if job.dependency:
+                dep = schedule.dependency_state(job.dependency, states)
+                if dep == schedule.NEVER:
+                    doomed.append(job)
+                    continue
+                blocked = schedule.DEPENDENCY if dep == schedule.WAITING else None
+            if job.held:
+                blocked = schedule.HELD
+            pending.append(schedule.Pending(
+                job.id, schedule.Res(job.cpus, job.gpus, job.memory_mb),
+                job.time_limit, blocked, job.array_id, job.array_max))
+        now = time.time()
+        running = []
+        for job_id, a in agent.allocations.items():
+            info = self.run_info.get(job_id, RunInfo())
+            running.append(schedule.Running(
+                job_id, schedule.Res(len(a.cpus), len(a.gpus), a.memory_mb), info.end(now),
+                info.group))
+        free = schedule.Res(len(agent.ledger.free_cpus), len(agent.ledger.free_gpus),
+                            agent.ledger.free_memory)
+        plan = schedule.plan(pending, running, free, now, grace=agent.cfg.cancel_grace)
+        self.reasons = plan.reasons
+        self.queue_end = jobs[-1].id if more else None
+        for n, job_id in enumerate(plan.start):
+            if not agent.start(agent.db.get_required(job_id)):  # the plan and the ledger differ
+                log.error("job %d: planned to start but does not fit; the next pass decides",
+                          job_id)
+                self.reasons.update(dict.fromkeys(plan.start[n:], schedule.RESOURCES))
+                break
+        for queued in doomed:
+            # Slurm's kill_invalid_depend: a dependency that can never be satisfied cancels
+            agent.job_ended(agent.finalize(queued.id, lifecycle.Finalize(
+                state="cancelled", reason=schedule.NEVER)))
+            agent.schedule_due = True  # its own dependents, next pass
+
+    def queue(self) -> tuple[list[Queued], bool]:
+        """The pending jobs a pass examines: in queue order, until SCHED_WINDOW of them could
+        start now (held and waiting ones are passed over and do not count); and whether more
+        pending jobs follow."""
+        out: list[Queued] = []
+        eligible = 0
+        while True:
+            page = self.agent.db.queue(out[-1].id if out else 0, SCHED_WINDOW)
+            for job in page:
+                if eligible >= SCHED_WINDOW or len(out) >= SCHED_SCAN:
+                    return out, True
+                out.append(job)
+                eligible += not (job.held or job.dependency)
+            if len(page) < SCHED_WINDOW:
+                return out, False
+
+    def public(self, job: Job) -> dict[str, Any]:
+        """The job object, with a pending job's reason as the last pass saw it."""
+        if job.state == "pending":
+            if job.held:
+                job.pending_reason = schedule.HELD
+            elif job.id in self.reasons:
+                job.pending_reason = self.reasons[job.id]
+            elif self.queue_end is not None and job.id > self.queue_end:
+                job.pending_reason = schedule.DEPENDENCY if job.dependency else \
+                    schedule.PRIORITY
+        return job.public()
+
+    def started(self, job: Job) -> None:
+        """The job was just given its resources: its limit counts from about now."""
+        self.run_info[job.id] = RunInfo(job.time_limit, time.time(), job.array_id)
+
+    def running(self, job: Job) -> None:
+        """The supervisor's own start of the tasks (recorded, or found at reattach): where
+        its time limit counts from."""
+        self.run_info[job.id] = RunInfo(job.time_limit, _epoch(job.started_at), job.array_id)
+
+    def released(self, job_id: int) -> None:
+        self.run_info.pop(job_id, None)
+
+
+def _epoch(stamp: str | None) -> float | None:
+    if not stamp:
+        return None
+    try:
+        return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
