@@ -294,14 +294,16 @@ def _sched_args(agent: Agent, args: Any) -> dict[str, Any]:
             refs = jobopts.parse_dependency(text)
         except ValueError as exc:
             raise BadRequest(str(exc)) from None
-        deps: list[tuple[str, int]] = []
-        for kind, job, index in refs:
-            deps += [(kind, j.id) for j in _targets(agent, job, index)]
-        deps = list(dict.fromkeys(deps))
-        if len(deps) > MAX_DEPENDENCIES:  # arrays expand: the pass reads every one's state
-            raise BadRequest(f"dependency {text!r} names {len(deps)} jobs (arrays count each "
-                             f"element); at most {MAX_DEPENDENCIES}")
-        out["dependency"] = deps
+        deps: dict[tuple[str, int], None] = {}
+        for kind, job, index in dict.fromkeys(refs):
+            # ids only (an array's thousand elements are not read whole), and no further than
+            # the cap: a hostile list of refs costs at most MAX_DEPENDENCIES lookups' worth
+            for j in agent.db.ref_ids(job, index):
+                deps[(kind, j)] = None
+            if len(deps) > MAX_DEPENDENCIES:  # arrays expand: each pass reads every state
+                raise BadRequest(f"dependency {text[:60]!r}... names more than "
+                                 f"{MAX_DEPENDENCIES} jobs (an array counts each element)")
+        out["dependency"] = list(deps)
     return out
 
 

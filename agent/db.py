@@ -25,7 +25,7 @@ from typing import Any
 
 import tether
 from tether.agent.ledger import Allocation
-from tether.shared.errors import Unavailable
+from tether.shared.errors import NotFound, Unavailable
 
 #: SQLite's result codes for a full disk or database (sqlite3.h)
 _FULL_CODES = (13, 13 | (1 << 8))  # SQLITE_FULL; SQLITE_IOERR is 10, handled by message
@@ -577,6 +577,23 @@ class Store:
         rows = self.conn.execute(f"{_SELECT} WHERE s.array_id = ? ORDER BY jobs.id",
                                  (array_id,))
         return [_row(r) for r in rows]
+
+    def ref_ids(self, job_id: int, index: int | None) -> list[int]:
+        """The ids ``ID`` (a job, or every element of an array) or ``ID_INDEX`` names;
+        NotFound if none."""
+        if index is not None:
+            rows = self._exec("SELECT id FROM job_sched WHERE array_id = ? AND array_index = ?",
+                              (job_id, index)).fetchall()
+        else:
+            row = self._exec("SELECT jobs.id, s.array_id FROM jobs LEFT JOIN job_sched s "
+                             "ON s.id = jobs.id WHERE jobs.id = ?", (job_id,)).fetchone()
+            rows = [] if row is None else [(row[0],)]
+            if row is not None and row[1] == job_id:
+                rows = self._exec("SELECT id FROM job_sched WHERE array_id = ? ORDER BY id",
+                                  (job_id,)).fetchall()
+        if not rows:
+            raise NotFound(f"no job {job_id}" + ("" if index is None else f"_{index}"))
+        return [int(r[0]) for r in rows]
 
     def element(self, array_id: int, index: int) -> Job | None:
         row = self.conn.execute(f"{_SELECT} WHERE s.array_id = ? AND s.array_index = ?",

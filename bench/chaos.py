@@ -6,7 +6,8 @@ random supervisors are SIGKILLed; afterwards every job is accounted for.
 
 Jobs (each names itself ``chaos-I``; every run of one appends a line to ``runs/I``): exit codes,
 deaths by signal, printers whose every output line is checked, two-task jobs, jobs that outlive
-their time limit (``timeout``, SIGTERM) and two-CPU jobs,
+their time limit (``timeout``, SIGTERM), jobs that depend on an earlier one (``afterok``: they
+run after it completed, or are cancelled if it did not) and two-CPU jobs,
 each sleeping a little so that restarts land in every window. Allocations and states are sampled
 all along (``list``, every ``--sample`` seconds). It prints, and exits 1 unless all are 0:
 
@@ -61,6 +62,7 @@ class Spec:
     signal: int | None = None
     lines: list[str] | None = None  # the exact output, sorted
     time_limit: float | None = None
+    after: int | None = None  # afterok on this earlier job (its index)
 
 
 def make_spec(i: int, rng: random.Random, runs: str) -> Spec:
@@ -86,6 +88,8 @@ def make_spec(i: int, rng: random.Random, runs: str) -> Spec:
     if kind < 0.95:  # outlives its time limit: SIGTERM from its supervisor, whatever restarts
         return Spec(i, ["sh", "-c", f"{mark}sleep 60"], state="timeout", exit_code=None,
                     signal=int(signal.SIGTERM), time_limit=rng.choice([0.5, 1.0, 2.0]))
+    if kind < 0.975 and i > 0:  # runs after an earlier job completed, or never (check())
+        return Spec(i, ["sh", "-c", f"{mark}sleep {nap}"], after=rng.randrange(max(0, i - 20), i))
     return Spec(i, ["sh", "-c", f'{mark}[ "$(echo "$TETHER_CPUS" | tr , "\\n" | wc -l)" = 2 ] '
                                 f"|| exit 99; sleep {nap}"], cpus=2)
 
@@ -285,18 +289,21 @@ def submit_all(agent: Agent, specs: list[Spec], work: str, ids: dict[int, int],
                 "workdir": work, "env": env}
             if s.time_limit is not None:
                 args["time_limit"] = s.time_limit
+            if s.after is not None:
+                args["dependency"] = f"afterok:{ids[s.after]}"
             res = call(agent.layout, "submit", args)
             if res is not None:
                 ids[s.index] = res["id"]
                 break
-            # No answer: the agent may have committed it before it died. Never submit twice.
-            jobs = all_jobs(agent.layout)
-            if jobs is not None:
-                mine = [j for j in jobs if j["name"] == name]
-                if mine:
-                    ids[s.index] = mine[0]["id"]
-                    break
-            time.sleep(0.05)
+            # No answer: the agent may have recorded it before it died (the reply is sent only
+            # once the record is durable, and a SIGKILL can fall in between). Never submit
+            # twice: submit again only once an agent answers that it has no such job.
+            while (jobs := all_jobs(agent.layout)) is None and not stop.is_set():
+                time.sleep(0.05)
+            mine = [j for j in jobs or [] if j["name"] == name]
+            if mine:
+                ids[s.index] = mine[0]["id"]
+                break
 
 
 def leftovers(state: str, work: str) -> list[str]:
@@ -344,6 +351,17 @@ def check(specs: list[Spec], ids: dict[int, int], jobs: dict[int, dict[str, Any]
             continue
         got = (j["state"], j["exit_code"] if s.signal is None else None, j["signal"])
         want = (s.state, s.exit_code, s.signal)
+        if s.after is not None:
+            parent = jobs.get(ids.get(s.after, -1))
+            if parent is None or parent["state"] != "completed":
+                want = ("cancelled", None, None)  # its dependency can never be satisfied
+                if ran:
+                    bad["wrong"].append(f"job {j['id']} ran though job "
+                                        f"{None if parent is None else parent['id']} did not "
+                                        "complete")
+            elif not (j["started_at"] or "") >= (parent["ended_at"] or "~"):
+                bad["wrong"].append(f"job {j['id']} started at {j['started_at']}, before its "
+                                    f"dependency {parent['id']} ended ({parent['ended_at']})")
         if got != want:
             bad["wrong"].append(f"job {j['id']}: {got}, expected {want} ({j['reason']})")
         elif s.lines is not None:
