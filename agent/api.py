@@ -23,7 +23,7 @@ import tether
 from tether.agent import users
 from tether.agent.db import ACTIVE, FINAL, SCHEMA_VERSION, Job
 from tether.agent.ledger import Request as ResourceRequest
-from tether.shared import jobopts, outpattern, protocol
+from tether.shared import jobopts, outpattern, protocol, records
 from tether.shared.cgroup import CgroupError
 from tether.shared.door import Conn
 from tether.shared.errors import (
@@ -465,6 +465,7 @@ def suspend(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
     except Exception:
         agent.contain.thaw(job.id, job.attempt)  # not recorded: not suspended either
         raise
+    _note_suspension(agent, job)
     log.info("job %d suspended (uid %d)", job.id, peer.uid)
     return agent.public(job)
 
@@ -484,8 +485,23 @@ def resume(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
         agent.contain.thaw(job.id, job.attempt)
     except CgroupError as exc:
         raise StateError(f"cannot resume job {job.id}: {exc}") from None
+    _note_suspension(agent, job)
     log.info("job %d resumed (uid %d)", job.id, peer.uid)
     return agent.public(job)
+
+
+def _note_suspension(agent: Agent, job: Job) -> None:
+    """Tell the step's supervisor, through its run directory, how long the job has been
+    suspended: its time limit counts run time only. Best effort (not durable: a power cut
+    ends the step too); a failure is logged, the suspension stands."""
+    rd = agent.layout.run_dir(job.id, job.attempt)
+    try:
+        records.atomic_write_json(rd.suspension, {
+            "schema": records.SCHEMA, "job": job.id, "attempt": job.attempt,
+            "seconds": job.suspended_seconds, "since": job.suspended_at}, durable=False)
+    except OSError as exc:
+        log.error("job %d: cannot write %s: %s (its time limit counts the suspension)",
+                  job.id, rd.suspension, exc)
 
 
 HANDLERS: dict[str, Handler] = {

@@ -94,6 +94,12 @@ class RunDir(Frozen):
     def sentinel(self) -> str:
         return os.path.join(self.path, "exit.json")
 
+    @property
+    def suspension(self) -> str:
+        """The agent's account of the step's suspensions, for its time limit (the agent
+        freezes the step; the supervisor does not see it)."""
+        return os.path.join(self.path, "suspension.json")
+
 
 class Layout(Frozen):
     __slots__ = ("state_dir",)

@@ -557,6 +557,7 @@ class Supervisor:
         limit = self.spec.get("time_limit")
         if isinstance(limit, int | float) and not isinstance(limit, bool) and limit > 0:
             # Counted from the launch, by this process: the agent may be gone when it runs out.
+            self.step.launched_mono = time.monotonic()
             self.limit_timer = self.timers.at(time.monotonic() + float(limit),
                                               self.time_limit_reached)
         try:
@@ -852,10 +853,35 @@ class Supervisor:
         self.limit_timer = None
         if self.step.phase is not Phase.RUNNING or self.step.cancelled:
             return
+        more = self.suspension_owed()
+        if more > 0:  # time suspended is not run time: the limit moves on
+            log.debug("time limit: %.1fs more for the time the job was suspended", more)
+            self.limit_timer = self.timers.at(time.monotonic() + more, self.time_limit_reached)
+            return
         limit = float(self.spec["time_limit"])
         self.step.timed_out = True
         self.terminate(grace=float(self.spec.get("kill_grace", 10)), cancel=False,
                        why=f"time limit of {_limit_text(limit)} reached")
+
+    def suspension_owed(self) -> float:
+        """How much longer the time limit must wait because the job was suspended: time
+        suspended is not run time. The agent freezes the step and keeps the account in the run
+        directory (``suspension.json``: seconds in all, and since when while suspended). While
+        suspended: look again in a second. 0 when none is owed (or no account is readable)."""
+        launched = getattr(self.step, "launched_mono", None)
+        try:
+            rec = records.read_json(self.rd.suspension, max_bytes=4096)
+            seconds = float(rec.get("seconds", 0))
+            since = rec.get("since")
+        except (OSError, ValueError, TypeError, records.RecordError):
+            return 0.0
+        if since is not None and self.cgroup.active and self.cgroup.frozen():
+            return 1.0
+        if launched is None:
+            return 0.0
+        ran = time.monotonic() - launched - seconds
+        owed = float(self.spec["time_limit"]) - ran
+        return owed if owed > 0.01 else 0.0
 
     def kill_now(self) -> None:
         for task in self.step.tasks:

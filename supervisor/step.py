@@ -119,6 +119,9 @@ class Step:
     forced_code: int | None = None
     #: the OOM killer took a process of the step, whose memory limit was this many MB
     oom_mb: int | None = None
+    #: CLOCK_MONOTONIC at the launch, where the time limit counts from (system-wide: it
+    #: holds across an upgrade's exec)
+    launched_mono: float | None = None
 
     def __post_init__(self) -> None:
         if not self.tasks:

@@ -243,6 +243,25 @@ def test_suspend_stops_the_job_and_resume_lets_it_finish(node: Node) -> None:
 
 
 @needs_freezer
+def test_time_suspended_does_not_count_against_the_time_limit(node: Node) -> None:
+    """A 4 s limit; the job is suspended at once and kept so past 4 s of wall time, then runs
+    about 1 s more: it completes (Slurm likewise leaves suspended time out of the limit)."""
+    node.start()
+    go = os.path.join(node.dir, "go")
+    job = node.submit("sh", "-c", f"while [ ! -e {go} ]; do sleep 0.05; done; sleep 1",
+                      opts=("--time", "0:04"))
+    node.wait_state(job, ("running",))
+    t0 = time.monotonic()
+    node.ok("suspend", str(job))
+    open(go, "w").close()  # read once it is thawed
+    poll_until(lambda: time.monotonic() - t0 > 5, 10, "the limit to pass in wall time")
+    assert node.job(job)["state"] == "suspended"
+    node.ok("resume", str(job))
+    j = node.wait_end(job)
+    assert (j["state"], j["exit_code"]) == ("completed", 0), j
+
+
+@needs_freezer
 def test_a_suspended_job_can_be_cancelled(node: Node) -> None:
     node.start()
     job = node.submit("sh", "-c", "trap 'exit 3' TERM; while :; do sleep 0.05; done")
