@@ -7,7 +7,9 @@ Three figures, each a median (root only; both cgroup modes this host offers):
 - ``launch``: in-process, what the supervisor adds to one task's start: create the step's
   cgroup (with a memory limit where there is one), fork and exec ``true`` from inside it
   (``StepCgroup.joined``), wait, remove it; against the same fork and exec without it. Rounds
-  alternate, so both sides see the same machine.
+  alternate, so both sides see the same machine, and are 50 ms apart: a write to
+  ``cgroup.procs`` waits for an RCU grace period unless another came just before, so a tight
+  loop would measure the cheap case a supervisor never sees.
 - ``submit``: end to end, ``tether submit --wait -- true`` against two agents at once, one with
   ``--cgroup none`` and one with the host's default (``auto``), alternating.
 - ``kill``: a step of 100 processes (a shell and 99 ``sleep``; one of them ``setsid``), from the
@@ -37,7 +39,7 @@ TRUE = "/bin/true"
 
 def hosts() -> dict[str, cgroup.Host]:
     found = {}
-    for mode in ("v1", "v2"):
+    for mode in ("hybrid", "v1", "v2"):
         host = cgroup.probe(mode)
         if host.mode == mode:
             found[mode] = host
@@ -73,6 +75,7 @@ def bench_launch(host: cgroup.Host, base: str, runs: int) -> dict[str, Any]:
         if r >= 2:  # warm-up rounds
             plain.append(t1 - t0)
             contained.append(t2 - t1)
+        time.sleep(0.05)
     added = [c - p for c, p in zip(contained, plain, strict=True)]
     return {"without": ms(plain), "with": ms(contained), "added": ms(added)}
 
@@ -154,7 +157,7 @@ def main() -> int:
     if ns.json:
         print(json.dumps(result))
         return 0
-    for mode in ("v1", "v2"):
+    for mode in ("hybrid", "v1", "v2"):
         if f"launch_{mode}" in result:
             la, k = result[f"launch_{mode}"], result[f"kill_{mode}"]
             print(f"{mode}: one task's start {la['without']['median_ms']} ms without a cgroup, "

@@ -221,10 +221,11 @@ def add_agent(sub: Any) -> None:
                    "gives up (default 120)")
     a.add_argument("--linger", type=seconds, default=3600.0, metavar="SECONDS",
                    help="how long a supervisor keeps a result nobody acknowledged (default 3600)")
-    a.add_argument("--cgroup", default="auto", choices=["auto", "v2", "v1", "none"],
-                   help="contain each step in a cgroup: v2, the v1 hierarchies (memory, pids, "
-                   "freezer, cpuacct), or none (process groups only); auto: v2 where it has the "
-                   "memory controller, else v1, else v2 for tracking alone, else none "
+    a.add_argument("--cgroup", default="auto", choices=["auto", "v2", "hybrid", "v1", "none"],
+                   help="contain each step in a cgroup: v2; hybrid (v1 memory, cgroup2 for "
+                   "tracking, kill and freeze); the v1 hierarchies (memory, pids, freezer, "
+                   "cpuacct); or none (process groups only). auto: v2 where it has the memory "
+                   "controller, else hybrid, else v1, else v2 for tracking alone, else none "
                    "(default auto)")
     a.add_argument("--cgroup-base", metavar="PATH",
                    help="where steps' cgroups go, in each hierarchy: relative to the agent's own "

@@ -6,10 +6,15 @@ Theory of operation. The agent probes ``/proc/self/mountinfo``, ``/proc/self/cgr
 - ``v2``: a cgroup2 mount. Tracking, ``cgroup.kill``, ``cgroup.freeze`` and ``cgroup.events``
   need no controller; memory is enforced only where the ``memory`` controller can be enabled.
   Chosen by ``auto`` when that mount offers the memory controller (a pure v2 host).
+- ``hybrid``: v1 memory for the limit, and the cgroup2 mount (even without controllers) for
+  tracking, kill, freeze and CPU time. Chosen by ``auto`` when v2 has no memory controller but
+  v1 has, and a cgroup2 mount exists (this host: cgroup2 at /sys/fs/cgroup/unified with no
+  controllers, v1 memory nested under the machine's own accounting cgroup). Two hierarchies,
+  not four: each costs the supervisor two writes to ``cgroup.procs`` per task (the first write
+  of a burst waits for an RCU grace period, the rest are cheap), and each is one more
+  directory to make, kill and remove.
 - ``v1``: the v1 hierarchies that exist among memory, pids, freezer and cpuacct, one directory
-  in each. Chosen by ``auto`` when v2 has no memory controller but v1 has (hybrid hosts, this
-  one: cgroup2 at /sys/fs/cgroup/unified with no controllers, v1 memory nested under the
-  machine's own accounting cgroup).
+  in each (kill by freezing). Chosen by ``auto`` when there is no cgroup2 mount.
 - ``none``: neither; steps are tracked by process group and session as before.
 
 Each step gets one directory per hierarchy, ``<own cgroup>/<base>/<job>.<attempt>`` (``base``
@@ -34,7 +39,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-MODES = ("v2", "v1", "none")
+MODES = ("v2", "hybrid", "v1", "none")
 #: the v1 hierarchies a step uses (cpuset is probed and reported, never used: affinity is set
 #: on each task already, and a cpuset cgroup needs cpus and mems filled in before use)
 V1_KINDS = ("memory", "pids", "freezer", "cpuacct")
@@ -134,6 +139,8 @@ def choose(mounts: list[Mount], own_paths: dict[str, str], v2_controllers: set[s
     if want == "auto":
         if v2_dir and "memory" in v2_controllers:
             want = "v2"
+        elif v2_dir and "memory" in v1:
+            want = "hybrid"
         elif any(k in v1 for k in ("memory", "freezer")):
             want = "v1"
         elif v2_dir:
@@ -146,6 +153,12 @@ def choose(mounts: list[Mount], own_paths: dict[str, str], v2_controllers: set[s
         mem = "memory" in v2_controllers
         return Host("v2", {UNIFIED: v2_dir}, {UNIFIED: roots[UNIFIED]}, available, mem,
                     "" if mem else "no memory controller in cgroup2: memory is not enforced")
+    if want == "hybrid":
+        if not v2_dir or "memory" not in v1:
+            return Host("none", available=available,
+                        note="hybrid needs a cgroup2 mount and a v1 memory hierarchy")
+        return Host("hybrid", {"memory": v1["memory"], UNIFIED: v2_dir},
+                    {"memory": roots["memory"], UNIFIED: roots[UNIFIED]}, available, True)
     if want == "v1":
         used = {k: v for k, v in v1.items() if k in V1_KINDS}
         if not used:

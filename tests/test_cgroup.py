@@ -73,10 +73,14 @@ HYBRID_SELF = "4:memory:/process_api/abc\n6:freezer:/\n8:pids:/\n2:cpu,cpuacct:/
 PURE_V2 = "30 23 0:26 / /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw,nsdelegate\n"
 
 
-def test_probe_picks_v1_on_a_hybrid_host_without_v2_controllers() -> None:
+def test_probe_picks_hybrid_on_a_hybrid_host_without_v2_controllers() -> None:
     mounts = cgroup.parse_mountinfo(HYBRID)
     own = cgroup.parse_proc_cgroup(HYBRID_SELF)
     host = cgroup.choose(mounts, own, {"hugetlb"})
+    assert host.mode == "hybrid" and host.memory
+    assert host.own == {"memory": "/sys/fs/cgroup/memory/process_api/abc",
+                        "unified": "/sys/fs/cgroup/unified"}
+    host = cgroup.choose(mounts, own, {"hugetlb"}, "v1")  # the v1 hierarchies alone
     assert host.mode == "v1" and host.memory
     assert host.own == {"memory": "/sys/fs/cgroup/memory/process_api/abc",
                         "freezer": "/sys/fs/cgroup/freezer", "pids": "/sys/fs/cgroup/pids",
@@ -182,10 +186,11 @@ def test_a_setsid_daemon_is_gone_when_the_step_ends(node: Node) -> None:
     assert left_cgroups(node) == []
 
 
-@pytest.mark.parametrize("mode", ["v1", "v2"])
+@pytest.mark.parametrize("mode", ["hybrid", "v1", "v2"])
 def test_a_setsid_daemon_is_gone_after_its_supervisor_is_sigkilled(make_node: type[Node],
                                                                    mode: str) -> None:
-    host = V1 if mode == "v1" else V2
+    # v1 kills by freezing, v2 and hybrid by cgroup.kill
+    host = cgroup.probe(mode) if ROOT else cgroup.Host("none")
     if not ROOT or host.mode != mode:
         pytest.skip(f"needs root and cgroup {mode}")
     node = make_node(extra=["--cgroup", mode])

@@ -23,8 +23,11 @@ def test_the_loop_answers_while_leftovers_are_looked_for(node: Node) -> None:
     # Without cgroups: a step's cgroup would have the leftover killed before any scan.
     node.args += ["--cgroup", "none"]
     node.start(env={"TETHER_SUPERVISOR_FAULT": "hold-sweep"})
-    job = node.submit("sh", "-c", "setsid sleep 300 </dev/null >/dev/null 2>&1 & "
-                                  "echo $! > daemon.pid")
+    # the daemon writes its pid once it has its own session: the task must not exit before
+    # (its process group, which the supervisor kills when the task ends, held the daemon)
+    job = node.submit("sh", "-c", "setsid sh -c 'echo $$ > daemon.pid; exec sleep 300' "
+                                  "</dev/null >/dev/null 2>&1 & "
+                                  "while [ ! -s daemon.pid ]; do sleep 0.01; done")
     rd = node.layout.run_dir(job, 1)
     poll_until(lambda: os.path.exists(os.path.join(rd.path, "sweep.held")), 30,
                "the scan for leftovers to be under way")
