@@ -325,6 +325,8 @@ def bench_throughput(root: str, jobs: int, submitters: int = 1, name: str = "t",
             errors.append(exc)
 
     syncs0 = agent.call("status").get("db_syncs")
+    assert agent.proc is not None
+    cpu0 = cpu_seconds(agent.proc.pid)
     t0 = time.perf_counter()
     threads = [threading.Thread(target=submit_some, args=(n,)) for n in per]
     for th in threads:
@@ -340,12 +342,21 @@ def bench_throughput(root: str, jobs: int, submitters: int = 1, name: str = "t",
             raise BenchError(f"job {jid}: {res}")
     total = time.perf_counter() - t0
     syncs = agent.call("status").get("db_syncs")  # group commit (absent before it)
+    cpu = cpu_seconds(agent.proc.pid) - cpu0
     return {"jobs": jobs, "submitters": submitters, "total_s": round(total, 2),
+            "agent_cpu_ms_per_job": round(cpu * 1000 / jobs, 2),
             "db_syncs_per_job": None if syncs is None or syncs0 is None
             else round((syncs - syncs0) / jobs, 2),
             "jobs_per_s": round(jobs / total, 1),
             "submit_all_s": round(t_submitted - t0, 2),
             "submit_reply_ms": summary(replies, 2)}, agent
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of ``pid`` so far (its own, threads included), from /proc."""
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        rest = f.read().rsplit(b")", 1)[1].split()
+    return (int(rest[11]) + int(rest[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def wait_template(agent: Agent) -> None:

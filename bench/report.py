@@ -115,7 +115,8 @@ def report(r: dict[str, Any]) -> str:
             out += ["", f"{key}: {tp['jobs']} jobs from {tp.get('submitters', 1)} client(s) "
                     f"in {tp['total_s']} s ({tp['jobs_per_s']}/s); submits took "
                     f"{tp['submit_all_s']} s, each reply {fmt(tp['submit_reply_ms'])}; "
-                    f"agent database fsyncs per job: {tp.get('db_syncs_per_job')}"]
+                    f"agent database fsyncs per job: {tp.get('db_syncs_per_job')}, agent CPU "
+                    f"per job: {tp.get('agent_cpu_ms_per_job')} ms"]
     st = r.get("steps")
     if st:
         m = st["supervisor_median"]
