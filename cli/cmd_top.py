@@ -60,7 +60,7 @@ class Watcher:
             return Snapshot(None, str(exc))
         snap = Snapshot(status, None)
         for j in jobs:
-            if j["state"] in ("starting", "running"):
+            if j["state"] in ("starting", "running", "suspended"):
                 snap.running.append(j)
             elif j["state"] == "pending":
                 snap.pending.append(j)

@@ -8,11 +8,12 @@ from typing import Any
 
 from tether.cli.timefmt import parse_since, parse_stamp
 
-STATES = ("pending", "starting", "running", "completed", "failed", "cancelled", "lost",
-          "timeout")
+STATES = ("pending", "starting", "running", "suspended", "completed", "failed", "cancelled",
+          "lost", "timeout")
 #: Slurm's short state codes and two groups, as ``--state`` also accepts them
 ALIASES = {"pd": ("pending",), "r": ("running",), "cd": ("completed",), "f": ("failed",),
-           "ca": ("cancelled",), "to": ("timeout",), "active": ("pending", "starting", "running"),
+           "ca": ("cancelled",), "to": ("timeout",), "s": ("suspended",),
+           "active": ("pending", "starting", "running", "suspended"),
            "ended": ("completed", "failed", "cancelled", "lost", "timeout")}
 
 
@@ -47,7 +48,8 @@ def since(text: str) -> float:
 def add_filters(parser: argparse.ArgumentParser, what: str) -> None:
     parser.add_argument("--state", type=state_list, metavar="STATE[,STATE...]",
                         help=f"only {what} in these states: {', '.join(STATES)}, Slurm's codes "
-                        "(PD, R, CD, F, CA, TO), active (pending, starting, running) or ended")
+                        "(PD, R, S, CD, F, CA, TO), active (pending, starting, running, suspended) "
+                        "or ended")
     parser.add_argument("--user", type=name_list, metavar="USER[,USER...]",
                         help=f"only {what} whose tasks run as these users")
     parser.add_argument("--name", type=name_list, metavar="NAME[,NAME...]",

@@ -109,8 +109,11 @@ def hello(sup: Supervisor, peer: Peer, req: protocol.Request) -> Any:
 def state(sup: Supervisor, peer: Peer, req: protocol.Request) -> Any:
     check_known(req.args, req.kind, ())
     step = sup.step
+    state = step.job_state()
+    if state == "running" and sup.cgroup.active and sup.cgroup.frozen():
+        state = "suspended"  # frozen by the agent (tether suspend): what the job object says
     return {
-        "job": sup.rd.job, "attempt": sup.rd.attempt, "state": step.job_state(),
+        "job": sup.rd.job, "attempt": sup.rd.attempt, "state": state,
         "phase": step.phase.value, "supervisor_pid": os.getpid(),
         "pids": step.live_pids(), "started_at": step.started_at, "ended_at": step.ended_at,
         "exit": sup.record,

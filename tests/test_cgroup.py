@@ -229,6 +229,9 @@ def test_suspend_stops_the_job_and_resume_lets_it_finish(node: Node) -> None:
     node.ok("suspend", str(job))
     j = node.job(job)
     assert j["state"] == "suspended"
+    assert node.ok("list", "--state", "s", "--format", "id,state", "--no-header").split() == [
+        str(job), "suspended"]
+    assert "suspended" in node.ok("inspect", str(job))  # the supervisor says so too
     # the suspension survives an agent restart
     node.stop(signal.SIGKILL)
     node.start()
