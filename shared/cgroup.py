@@ -1,28 +1,12 @@
-"""cgroups: which ones this host has (a probe, once, by the agent) and one step's cgroup (I/O).
+"""cgroups (I/O): the agent's probe, once at start, and one step's cgroup, for the supervisor
+that owns it and for the agent once that supervisor is gone. Modes, layout and plans, which are
+pure, are in ``shared/cgroup_layout.py`` (and named here too).
 
-Theory of operation. The agent probes ``/proc/self/mountinfo``, ``/proc/self/cgroup`` and
-``cgroup.controllers`` once at start and picks a mode:
-
-- ``v2``: a cgroup2 mount. Tracking, ``cgroup.kill``, ``cgroup.freeze`` and ``cgroup.events``
-  need no controller; memory is enforced only where the ``memory`` controller can be enabled.
-  Chosen by ``auto`` when that mount offers the memory controller (a pure v2 host).
-- ``hybrid``: v1 memory for the limit, and the cgroup2 mount (even without controllers) for
-  tracking, kill, freeze and CPU time. Chosen by ``auto`` when v2 has no memory controller but
-  v1 has, and a cgroup2 mount exists (this host: cgroup2 at /sys/fs/cgroup/unified with no
-  controllers, v1 memory nested under the machine's own accounting cgroup). Two hierarchies,
-  not four: each costs the supervisor two writes to ``cgroup.procs`` per task (the first write
-  of a burst waits for an RCU grace period, the rest are cheap), and each is one more
-  directory to make, kill and remove.
-- ``v1``: the v1 hierarchies that exist among memory, pids, freezer and cpuacct, one directory
-  in each (kill by freezing). Chosen by ``auto`` when there is no cgroup2 mount.
-- ``none``: neither; steps are tracked by process group and session as before.
-
-Each step gets one directory per hierarchy, ``<own cgroup>/<base>/<job>.<attempt>`` (``base``
-absolute: from the hierarchy's root). The plan (``step_plan``) travels in the spec; the
-supervisor creates the directories before the first fork and puts each task in them before it
-execs by joining them itself around the fork (``joined``): Popen has no way to place a child,
-and after exec a task could fork before being moved. The supervisor leaves again at once, so it
-is outside when an OOM victim is chosen (charges it made meanwhile stay where they were made).
+The supervisor creates the step's directories before the first fork and puts each task in them
+before it execs by joining them itself around the fork (``joined``): Popen has no way to place a
+child, and after exec a task could fork before being moved. The supervisor leaves again at
+once, so it is outside when an OOM victim is chosen (charges it made meanwhile stay where they
+were made).
 
 Every write goes through ``os.write`` so that cgroupfs errors surface (a buffered write would
 report them at close, where they are easy to lose).
@@ -36,137 +20,30 @@ import os
 import signal
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
-MODES = ("v2", "hybrid", "v1", "none")
-#: the v1 hierarchies a step uses (cpuset is probed and reported, never used: affinity is set
-#: on each task already, and a cpuset cgroup needs cpus and mems filled in before use)
-V1_KINDS = ("memory", "pids", "freezer", "cpuacct")
-UNIFIED = "unified"
+from tether.shared.cgroup_layout import LEAF as LEAF
+from tether.shared.cgroup_layout import MODES as MODES
+from tether.shared.cgroup_layout import UNIFIED as UNIFIED
+from tether.shared.cgroup_layout import V1_KINDS as V1_KINDS
+from tether.shared.cgroup_layout import Host as Host
+from tether.shared.cgroup_layout import Mount as Mount
+from tether.shared.cgroup_layout import base_dirs as base_dirs
+from tether.shared.cgroup_layout import choose as choose
+from tether.shared.cgroup_layout import join as _join
+from tether.shared.cgroup_layout import parse_mountinfo as parse_mountinfo
+from tether.shared.cgroup_layout import parse_proc_cgroup as parse_proc_cgroup
+from tether.shared.cgroup_layout import step_name as step_name
+from tether.shared.cgroup_layout import step_plan as step_plan
+
 #: how long a freeze may take to settle before the kill goes on regardless
 FREEZE_TIMEOUT = 1.0
-#: cgroup2 forbids processes in a cgroup whose children have controllers: the agent (and the
-#: supervisors it starts after) move to this leaf of their own cgroup to enable them
-LEAF = "tether-leaf"
 #: kill passes over the remaining pids (each catches what forked during the last)
 KILL_PASSES = 20
 
 
 class CgroupError(Exception):
     pass
-
-
-@dataclass(frozen=True)
-class Mount:
-    point: str
-    fstype: str  #: "cgroup" (v1) or "cgroup2"
-    controllers: frozenset[str]  #: v1: from the super options; v2: empty (see cgroup.controllers)
-
-
-def parse_mountinfo(text: str) -> list[Mount]:
-    """The cgroup mounts in a ``/proc/PID/mountinfo``. Pure."""
-    mounts = []
-    for line in text.splitlines():
-        pre, sep, post = line.partition(" - ")
-        if not sep:
-            continue
-        fields, tail = pre.split(), post.split()
-        if len(fields) < 5 or len(tail) < 3 or tail[0] not in ("cgroup", "cgroup2"):
-            continue
-        point = fields[4].replace("\\040", " ")
-        opts = set(tail[2].split(",")) if tail[0] == "cgroup" else set()
-        mounts.append(Mount(point, tail[0], frozenset(opts)))
-    return mounts
-
-
-def parse_proc_cgroup(text: str) -> dict[str, str]:
-    """``/proc/PID/cgroup`` as {hierarchy kind: path}; the cgroup2 line is ``unified``. Pure."""
-    own: dict[str, str] = {}
-    for line in text.splitlines():
-        parts = line.split(":", 2)
-        if len(parts) != 3:
-            continue
-        _, names, path = parts
-        if names == "":
-            own[UNIFIED] = path
-        for name in names.split(","):
-            if name:
-                own[name] = path
-    return own
-
-
-@dataclass
-class Host:
-    """What the probe found, and the mode chosen. JSON-able through ``to_dict``."""
-
-    mode: str
-    #: kind -> the directory of this process's own cgroup in that hierarchy
-    own: dict[str, str] = field(default_factory=dict)
-    #: kind -> the hierarchy's mount point
-    roots: dict[str, str] = field(default_factory=dict)
-    #: kinds that exist but are not used by the mode (reported)
-    available: list[str] = field(default_factory=list)
-    #: memory limits can be enforced
-    memory: bool = False
-    note: str = ""
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"mode": self.mode, "memory_enforced": self.memory,
-                "hierarchies": sorted(self.own), "available": self.available,
-                "note": self.note}
-
-
-def choose(mounts: list[Mount], own_paths: dict[str, str], v2_controllers: set[str],
-           want: str = "auto") -> Host:
-    """Pick the mode from what the probe read. Pure: ``v2_controllers`` is the cgroup2 mount's
-    ``cgroup.controllers`` at the agent's own cgroup (what its children could get)."""
-    v2 = next((m for m in mounts if m.fstype == "cgroup2"), None)
-    v1: dict[str, str] = {}
-    roots: dict[str, str] = {}
-    for kind in (*V1_KINDS, "cpuset"):
-        m = next((m for m in mounts if m.fstype == "cgroup" and kind in m.controllers), None)
-        if m is not None and kind in own_paths:
-            v1[kind] = _join(m.point, own_paths[kind])
-            roots[kind] = m.point
-    if v2 is not None:
-        roots[UNIFIED] = v2.point
-    v2_own = own_paths.get(UNIFIED, "/")
-    if os.path.basename(v2_own) == LEAF:  # moved there by ``enable_v2_controllers``
-        v2_own = os.path.dirname(v2_own)
-    v2_dir = _join(v2.point, v2_own) if v2 is not None else None
-    available = sorted([*v1, *([UNIFIED] if v2_dir else [])])
-    if want == "auto":
-        if v2_dir and "memory" in v2_controllers:
-            want = "v2"
-        elif v2_dir and "memory" in v1:
-            want = "hybrid"
-        elif any(k in v1 for k in ("memory", "freezer")):
-            want = "v1"
-        elif v2_dir:
-            want = "v2"
-        else:
-            want = "none"
-    if want == "v2":
-        if not v2_dir:
-            return Host("none", available=available, note="no cgroup2 mount")
-        mem = "memory" in v2_controllers
-        return Host("v2", {UNIFIED: v2_dir}, {UNIFIED: roots[UNIFIED]}, available, mem,
-                    "" if mem else "no memory controller in cgroup2: memory is not enforced")
-    if want == "hybrid":
-        if not v2_dir or "memory" not in v1:
-            return Host("none", available=available,
-                        note="hybrid needs a cgroup2 mount and a v1 memory hierarchy")
-        return Host("hybrid", {"memory": v1["memory"], UNIFIED: v2_dir},
-                    {"memory": roots["memory"], UNIFIED: roots[UNIFIED]}, available, True)
-    if want == "v1":
-        used = {k: v for k, v in v1.items() if k in V1_KINDS}
-        if not used:
-            return Host("none", available=available, note="no cgroup v1 hierarchy to use")
-        mem = "memory" in used
-        return Host("v1", used, {k: roots[k] for k in used}, available, mem,
-                    "" if mem else "no v1 memory hierarchy: memory is not enforced")
-    return Host("none", available=available, note="cgroups not used")
 
 
 def probe(want: str = "auto") -> Host:
@@ -223,31 +100,6 @@ def enable_v2_controllers(own: str, base: str) -> None:
         with contextlib.suppress(FileExistsError):
             os.mkdir(path, 0o755)
         write(os.path.join(path, "cgroup.subtree_control"), want)
-
-
-def _join(root: str, path: str) -> str:
-    return os.path.normpath(os.path.join(root, path.lstrip("/")))
-
-
-def base_dirs(host: Host, base: str) -> dict[str, str]:
-    """kind -> the directory under which steps' cgroups go (``base`` relative to the agent's
-    own cgroup, or absolute from each hierarchy's root)."""
-    return {kind: _join(host.roots[kind] if base.startswith("/") else own, base)
-            for kind, own in host.own.items()}
-
-
-def step_name(job: int, attempt: int) -> str:
-    return f"{job}.{attempt}"
-
-
-def step_plan(mode: str, bases: dict[str, str], job: int, attempt: int, memory_mb: int,
-              memory: bool) -> dict[str, Any]:
-    """What the supervisor needs, in the spec. ``memory_mb`` 0 is unlimited but accounted."""
-    if mode == "none" or not bases:
-        return {"mode": "none"}
-    name = step_name(job, attempt)
-    return {"mode": mode, "dirs": {k: os.path.join(v, name) for k, v in sorted(bases.items())},
-            "memory_mb": memory_mb if memory else 0}
 
 
 # ---- file helpers ------------------------------------------------------------------------------
@@ -340,10 +192,8 @@ class StepCgroup:
         if not self._home:
             with open("/proc/self/cgroup") as f:
                 mine = parse_proc_cgroup(f.read())
-            for kind, path in self.dirs.items():
-                rel = mine.get(kind if kind != UNIFIED else UNIFIED, "/")
-                root = _mount_root(path, self.dirs, kind)
-                self._home[kind] = _join(root, rel)
+            for kind in self.dirs:
+                self._home[kind] = _join(_mount_root(kind), mine.get(kind, "/"))
         pid = str(os.getpid())
         entered = []
         try:
@@ -515,7 +365,7 @@ class StepCgroup:
                 "pids": len(self.procs()), "frozen": self.frozen()}
 
 
-def _mount_root(path: str, dirs: dict[str, str], kind: str) -> str:
+def _mount_root(kind: str) -> str:
     """The mount point of ``kind``'s hierarchy, from the mount table (cached)."""
     global _MOUNTS
     if _MOUNTS is None:
