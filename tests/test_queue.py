@@ -160,3 +160,19 @@ def test_jobs_beyond_what_a_pass_examines_wait_for_priority(make_node: Any) -> N
     node.ok("cancel", str(array))
     open(gate, "w").close()
     assert node.wait_end(head)["state"] == "completed"
+
+
+def test_begin_time_holds_a_job_back_until_then(make_node: Any) -> None:
+    node: Node = make_node(cpus=2)
+    node.start()
+    job = node.submit("true", opts=("--begin", "now+2"))
+    j = node.job(job)
+    assert (j["state"], j["reason"]) == ("pending", "BeginTime")
+    later = node.submit("true")  # the CPU is free: only the begin time holds the first back
+    assert node.wait_end(later)["state"] == "completed"
+    assert node.job(job)["state"] == "pending"
+    done = node.wait_end(job)  # no event but the time itself starts it
+    assert done["state"] == "completed"
+    assert stamp(done, "started_at") >= stamp(j, "begin_at")
+    bad = node.cli("submit", "--begin", "soon", "--", "true")
+    assert bad.returncode == 2 and "not a begin time" in bad.stderr
