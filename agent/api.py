@@ -496,6 +496,7 @@ def _note_suspension(agent: Agent, job: Job) -> None:
     """Tell the step's supervisor, through its run directory, how long the job has been
     suspended: its time limit counts run time only. Best effort (not durable: a power cut
     ends the step too); a failure is logged, the suspension stands."""
+    agent.schedule_due = True  # its expected end changed: backfill plans by it (scheduler.py)
     rd = agent.layout.run_dir(job.id, job.attempt)
     try:
         records.atomic_write_json(rd.suspension, {

@@ -594,6 +594,12 @@ class Store:
                                  (array_id,))
         return [_row(r) for r in rows]
 
+    def suspensions(self) -> dict[int, tuple[float | None, float]]:
+        """Every job ever suspended: (suspended since, or None; seconds suspended before)."""
+        rows = self._exec("SELECT job, suspended_at, suspended_seconds FROM job_cgroup WHERE "
+                          "suspended_at IS NOT NULL OR suspended_seconds > 0")
+        return {int(r[0]): (r[1], float(r[2])) for r in rows}
+
     def ref_ids(self, job_id: int, index: int | None) -> list[int]:
         """The ids ``ID`` (a job, or every element of an array) or ``ID_INDEX`` names;
         NotFound if none."""

@@ -88,11 +88,17 @@ class Scheduler:
         if first_begin is not None:
             self.wake_at(first_begin, now)
         running = []
+        # time suspended is not run time (the supervisor moves the limit on by it): a job
+        # suspended now has no end to plan by, one suspended before ends that much later
+        suspended = agent.db.suspensions() if agent.allocations else {}
         for job_id, a in agent.allocations.items():
             info = self.run_info.get(job_id, RunInfo())
+            end = info.end(now)
+            since, seconds = suspended.get(job_id, (None, 0.0))
+            if end is not None:
+                end = None if since is not None else end + seconds
             running.append(schedule.Running(
-                job_id, schedule.Res(len(a.cpus), len(a.gpus), a.memory_mb), info.end(now),
-                info.group))
+                job_id, schedule.Res(len(a.cpus), len(a.gpus), a.memory_mb), end, info.group))
         free = schedule.Res(len(agent.ledger.free_cpus), len(agent.ledger.free_gpus),
                             agent.ledger.free_memory)
         plan = schedule.plan(pending, running, free, now, grace=agent.cfg.cancel_grace)
