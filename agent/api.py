@@ -161,7 +161,7 @@ def submit(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
     args = req.args
     check_known(args, req.kind, ("command", "name", "cpus", "gpus", "memory_mb", "ntasks",
                                  "output", "error", "workdir", "env", "pmi", "user", "umask",
-                                 "time_limit", "hold", "dependency", "array"))
+                                 "time_limit", "hold", "dependency", "array", "begin"))
     command = arg_str_list(args, "command")
     if not command or not command[0]:
         raise BadRequest("a job needs a command")
@@ -283,6 +283,8 @@ def _sched_args(agent: Agent, args: Any) -> dict[str, Any]:
                          f"{agent.cfg.node}'s maximum of {jobopts.format_time(agent.cfg.max_time)}")
     if limit is not None:
         out["time_limit"] = limit
+    if args.get("begin") is not None:
+        out["begin_at"] = arg_number(args, "begin", default=0.0, maximum=1e11)
     hold = args.get("hold", False)
     if not isinstance(hold, bool):
         raise BadRequest("argument 'hold' must be true or false")
@@ -494,6 +496,7 @@ def _note_suspension(agent: Agent, job: Job) -> None:
     """Tell the step's supervisor, through its run directory, how long the job has been
     suspended: its time limit counts run time only. Best effort (not durable: a power cut
     ends the step too); a failure is logged, the suspension stands."""
+    agent.schedule_due = True  # its expected end changed: backfill plans by it (scheduler.py)
     rd = agent.layout.run_dir(job.id, job.attempt)
     try:
         records.atomic_write_json(rd.suspension, {

@@ -21,6 +21,7 @@ import sqlite3
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 import tether
@@ -148,12 +149,16 @@ MIGRATIONS: list[Migration] = [
               sql("CREATE TABLE IF NOT EXISTS job_cgroup (job INTEGER PRIMARY KEY, "
                   "oom INTEGER NOT NULL DEFAULT 0, suspended_at REAL, "
                   "suspended_seconds REAL NOT NULL DEFAULT 0)")),
+    Migration("job_sched.begin_at: when a job may start at the earliest (submit --begin, "
+              "epoch seconds)",
+              sql("ALTER TABLE job_sched ADD COLUMN begin_at REAL")),
 ]
 
 #: the fields of Job kept in job_facts rather than jobs
 _FACTS = ("supervisor_boot", "supervisor_session", "core_dumped")
 #: the fields of Job kept in job_sched
-_SCHED = ("time_limit", "held", "dependency", "array_id", "array_index", "array_max")
+_SCHED = ("time_limit", "held", "dependency", "array_id", "array_index", "array_max",
+          "begin_at")
 #: the fields of Job kept in job_cgroup
 _CGROUP = ("oom", "suspended_at", "suspended_seconds")
 #: every query reads jobs through this: job_facts' identity counts only while it is of the
@@ -161,7 +166,7 @@ _CGROUP = ("oom", "suspended_at", "suspended_seconds")
 _SELECT = ("SELECT jobs.*, f.supervisor_ticks AS facts_ticks, f.supervisor_boot, "
            "f.supervisor_session, COALESCE(f.core_dumped, 0) AS core_dumped, "
            "s.time_limit, COALESCE(s.held, 0) AS held, s.dependency, s.array_id, "
-           "s.array_index, s.array_max, "
+           "s.array_index, s.array_max, s.begin_at, "
            "COALESCE(cg.oom, 0) AS oom, cg.suspended_at, "
            "COALESCE(cg.suspended_seconds, 0) AS suspended_seconds "
            "FROM jobs LEFT JOIN job_facts f ON f.job = jobs.id "
@@ -220,6 +225,8 @@ class Job:
     array_id: int | None = None
     array_index: int | None = None
     array_max: int | None = None
+    #: epoch seconds before which it may not start (``submit --begin``), None: at once
+    begin_at: float | None = None
     #: why a pending job waits (computed by the scheduler, never stored)
     pending_reason: str | None = None
     #: the OOM killer took a process of the step (its memory limit was exceeded)
@@ -265,6 +272,7 @@ class Job:
             # "suspended" is a state of the job object only: the row says running (db.py)
             "oom": self.oom, **({"state": "suspended"} if self.suspended else {}),
             "suspended_seconds": self.suspended_total(time.time()),
+            "begin_at": None if self.begin_at is None else _stamp(self.begin_at),
         }
         if self.state == "pending" and self.pending_reason is not None:
             out["reason"] = self.pending_reason  # Slurm's pending reason, as squeue shows it
@@ -284,6 +292,13 @@ class Queued:
     dependency: list[tuple[str, int]]
     array_id: int | None
     array_max: int | None
+    begin_at: float | None = None
+
+
+def _stamp(epoch: float) -> str:
+    """Epoch seconds as the job object's other times: RFC 3339, UTC, milliseconds."""
+    return datetime.fromtimestamp(epoch, UTC).isoformat(timespec="milliseconds").replace(
+        "+00:00", "Z")
 
 
 _JSON_COLS = ("command", "cpus", "gpus", "pids", "env")
@@ -553,12 +568,13 @@ class Store:
         scheduler reads (a pass over hundreds of jobs decodes no environments)."""
         rows = self.conn.execute(
             "SELECT jobs.id, jobs.cpus_per_task * jobs.ntasks, jobs.gpus_req, jobs.memory_mb, "
-            "s.time_limit, COALESCE(s.held, 0), s.dependency, s.array_id, s.array_max "
+            "s.time_limit, COALESCE(s.held, 0), s.dependency, s.array_id, s.array_max, "
+            "s.begin_at "
             "FROM jobs LEFT JOIN job_sched s ON s.id = jobs.id "
             "WHERE jobs.state = 'pending' AND jobs.id > ? ORDER BY jobs.id LIMIT ?",
             (after, limit))
         return [Queued(r[0], r[1], r[2], r[3], r[4], bool(r[5]),
-                       [(k, j) for k, j in json.loads(r[6] or "[]")], r[7], r[8])
+                       [(k, j) for k, j in json.loads(r[6] or "[]")], r[7], r[8], r[9])
                 for r in rows]
 
     def states_of(self, ids: set[int]) -> dict[int, str]:
@@ -577,6 +593,12 @@ class Store:
         rows = self.conn.execute(f"{_SELECT} WHERE s.array_id = ? ORDER BY jobs.id",
                                  (array_id,))
         return [_row(r) for r in rows]
+
+    def suspensions(self) -> dict[int, tuple[float | None, float]]:
+        """Every job ever suspended: (suspended since, or None; seconds suspended before)."""
+        rows = self._exec("SELECT job, suspended_at, suspended_seconds FROM job_cgroup WHERE "
+                          "suspended_at IS NOT NULL OR suspended_seconds > 0")
+        return {int(r[0]): (r[1], float(r[2])) for r in rows}
 
     def ref_ids(self, job_id: int, index: int | None) -> list[int]:
         """The ids ``ID`` (a job, or every element of an array) or ``ID_INDEX`` names;

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from tether.agent import lifecycle, schedule
 from tether.agent.db import Job, Queued
+from tether.shared.timers import Timer
 
 if TYPE_CHECKING:
     from tether.agent.daemon import Agent
@@ -55,12 +56,16 @@ class Scheduler:
         self.queue_end: int | None = None
         #: limit, start and array of every job holding resources
         self.run_info: dict[int, RunInfo] = {}
+        #: the pass armed for the earliest --begin among the pending jobs
+        self.wake: tuple[float, Timer] | None = None
 
     def run(self) -> None:
         """One pass: start what may start now, cancel what never can, note why the rest
         waits."""
         agent = self.agent
-        jobs, more = self.queue()
+        now = time.time()
+        jobs, more = self.queue(now)
+        first_begin: float | None = None
         states = agent.db.states_of({j for job in jobs for _, j in job.dependency})
         pending: list[schedule.Pending] = []
         doomed: list[Queued] = []
@@ -72,18 +77,28 @@ class Scheduler:
                     doomed.append(job)
                     continue
                 blocked = schedule.DEPENDENCY if dep == schedule.WAITING else None
+            if blocked is None and job.begin_at is not None and job.begin_at > now:
+                blocked = schedule.BEGIN_TIME
+                first_begin = min(first_begin or job.begin_at, job.begin_at)
             if job.held:
                 blocked = schedule.HELD
             pending.append(schedule.Pending(
                 job.id, schedule.Res(job.cpus, job.gpus, job.memory_mb),
                 job.time_limit, blocked, job.array_id, job.array_max))
-        now = time.time()
+        if first_begin is not None:
+            self.wake_at(first_begin, now)
         running = []
+        # time suspended is not run time (the supervisor moves the limit on by it): a job
+        # suspended now has no end to plan by, one suspended before ends that much later
+        suspended = agent.db.suspensions() if agent.allocations else {}
         for job_id, a in agent.allocations.items():
             info = self.run_info.get(job_id, RunInfo())
+            end = info.end(now)
+            since, seconds = suspended.get(job_id, (None, 0.0))
+            if end is not None:
+                end = None if since is not None else end + seconds
             running.append(schedule.Running(
-                job_id, schedule.Res(len(a.cpus), len(a.gpus), a.memory_mb), info.end(now),
-                info.group))
+                job_id, schedule.Res(len(a.cpus), len(a.gpus), a.memory_mb), end, info.group))
         free = schedule.Res(len(agent.ledger.free_cpus), len(agent.ledger.free_gpus),
                             agent.ledger.free_memory)
         plan = schedule.plan(pending, running, free, now, grace=agent.cfg.cancel_grace)
@@ -101,7 +116,20 @@ class Scheduler:
                 state="cancelled", reason=schedule.NEVER)))
             agent.schedule_due = True  # its own dependents, next pass
 
-    def queue(self) -> tuple[list[Queued], bool]:
+    def wake_at(self, when: float, now: float) -> None:
+        """Have a pass run at ``when`` (epoch seconds: a job's --begin), unless one is due
+        sooner already."""
+        if self.wake is not None and not self.wake[1].cancelled and self.wake[0] <= when:
+            return
+        if self.wake is not None:
+            self.wake[1].cancel()
+
+        def due() -> None:
+            self.wake = None
+            self.agent.schedule_due = True
+        self.wake = (when, self.agent.timers.at(time.monotonic() + max(0.0, when - now), due))
+
+    def queue(self, now: float) -> tuple[list[Queued], bool]:
         """The pending jobs a pass examines: in queue order, until SCHED_WINDOW of them could
         start now (held and waiting ones are passed over and do not count); and whether more
         pending jobs follow."""
@@ -113,7 +141,8 @@ class Scheduler:
                 if eligible >= SCHED_WINDOW or len(out) >= SCHED_SCAN:
                     return out, True
                 out.append(job)
-                eligible += not (job.held or job.dependency)
+                eligible += not (job.held or job.dependency
+                                 or job.begin_at is not None and job.begin_at > now)
             if len(page) < SCHED_WINDOW:
                 return out, False
 
@@ -126,6 +155,7 @@ class Scheduler:
                 job.pending_reason = self.reasons[job.id]
             elif self.queue_end is not None and job.id > self.queue_end:
                 job.pending_reason = schedule.DEPENDENCY if job.dependency else \
+                    schedule.BEGIN_TIME if (job.begin_at or 0) > time.time() else \
                     schedule.PRIORITY
         return job.public()
 

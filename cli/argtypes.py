@@ -67,6 +67,19 @@ def time_limit(text: str) -> float:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def begin_time(text: str) -> float:
+    """Slurm's --begin (now+N[s|m|h|d], HH:MM[:SS], YYYY-MM-DD[THH:MM[:SS]]) as epoch
+    seconds."""
+    import time
+
+    from tether.shared.jobopts import parse_begin
+
+    try:
+        return parse_begin(text, time.time())
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def array_spec(text: str) -> str:
     from tether.shared.jobopts import parse_array
 

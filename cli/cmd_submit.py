@@ -40,7 +40,8 @@ def submit(layout: Layout, ns: argparse.Namespace) -> int:
     args = {"command": command, "cpus": ns.cpus, "gpus": ns.gpus, "memory_mb": ns.memory_mb,
             "ntasks": ns.ntasks, "workdir": workdir, "env": env, "pmi": ns.pmi,
             "umask": current_umask()}
-    for key in ("name", "output", "error", "user", "time_limit", "array", "dependency"):
+    for key in ("name", "output", "error", "user", "time_limit", "array", "dependency",
+                "begin"):
         if getattr(ns, key) is not None:
             args[key] = getattr(ns, key)
     if ns.hold:

@@ -45,7 +45,7 @@ def print_pairs(rows: Iterable[tuple[str, Any]]) -> None:
 
 
 JOB_FIELDS = ("id", "name", "state", "attempt", "exit_code", "signal", "reason", "time_limit",
-              "dependency", "command",
+              "dependency", "begin_at", "command",
               "ntasks", "cpus", "gpus", "memory_mb", "supervisor_pid", "pids", "workdir",
               "output", "error", "submitted_at", "started_at", "ended_at")
 

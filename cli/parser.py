@@ -16,6 +16,7 @@ import sys
 
 from tether.cli.argtypes import (
     array_spec,
+    begin_time,
     dependency,
     env_pair,
     job_id,
@@ -301,6 +302,10 @@ def add_submit(sub: Any) -> None:
                    "afterany:ID (ended), afternotok:ID (ended otherwise), comma-separated, all "
                    "needed; an array's ID means all its elements. One that can no longer be "
                    "met cancels the job (reason DependencyNeverSatisfied)")
+    s.add_argument("--begin", type=begin_time, metavar="TIME",
+                   help="start no earlier than TIME (reason BeginTime until then): now+N[s|m|h|"
+                   "d] (seconds without a unit), HH:MM[:SS] (today, or tomorrow once past) or "
+                   "YYYY-MM-DD[THH:MM[:SS]], local time")
     s.add_argument("--hold", action="store_true",
                    help="queue the job held: it starts only after 'tether release'")
     s.add_argument("--wait", action="store_true",

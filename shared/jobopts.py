@@ -4,6 +4,8 @@
 ``--array``: ``0-99``, ``0-99:STEP``, ``1,3,5-7``, any of them followed by ``%MAX``.
 ``--dependency``: ``afterok:ID[:ID...]``, ``afterany:...``, ``afternotok:...``, comma-separated;
 an ID is a job id or ``ARRAY_INDEX`` (one element of an array).
+``--begin``: ``now``, ``now+N[s|m|h|d]`` (seconds without a unit), ``HH:MM[:SS]`` (today, or
+tomorrow once that time has passed), ``YYYY-MM-DD[THH:MM[:SS]]``, local time.
 
 Each parser raises ``ValueError`` with a message that names what is wrong; the CLI turns it
 into a usage error and the agent (which checks again: every local user is hostile) into
@@ -13,6 +15,7 @@ into a usage error and the agent (which checks again: every local user is hostil
 from __future__ import annotations
 
 import re
+from datetime import datetime, timedelta
 
 #: The longest time limit taken: a year (anything longer is a typo, or "no limit").
 MAX_TIME = 366 * 24 * 3600
@@ -116,3 +119,42 @@ def parse_dependency(text: str) -> list[tuple[str, int, int | None]]:
     if len(deps) > 1000:
         raise ValueError(f"dependency {text!r}: more than 1000 jobs")
     return deps
+
+
+_BEGIN_UNITS = {"": 1, "s": 1, "sec": 1, "seconds": 1, "m": 60, "min": 60, "minutes": 60,
+                "h": 3600, "hour": 3600, "hours": 3600, "d": 86400, "day": 86400,
+                "days": 86400}
+
+
+def parse_begin(text: str, now: float) -> float:
+    """When a job may start, as epoch seconds (``now``: the caller's clock, epoch seconds)."""
+    t = text.strip()
+    m = re.fullmatch(r"now(?:\+(\d{1,9})([a-z]*))?", t)
+    if m:
+        if m.group(1) is None:
+            return now
+        unit = _BEGIN_UNITS.get(m.group(2))
+        if unit is None:
+            raise ValueError(f"begin time {text!r}: unknown unit {m.group(2)!r} (s, m, h, d)")
+        when = now + int(m.group(1)) * unit
+    elif re.fullmatch(r"\d{1,2}:\d{2}(:\d{2})?", t):
+        parts = [int(x) for x in t.split(":")] + [0]
+        base = datetime.fromtimestamp(now)
+        try:
+            day = base.replace(hour=parts[0], minute=parts[1], second=parts[2], microsecond=0)
+        except ValueError:
+            raise ValueError(f"begin time {text!r} is not a time of day") from None
+        if day.timestamp() <= now:
+            day += timedelta(days=1)
+        when = day.timestamp()
+    elif re.fullmatch(r"\d{4}-\d{2}-\d{2}(T\d{2}:\d{2}(:\d{2})?)?", t):
+        try:
+            when = datetime.fromisoformat(t).timestamp()
+        except ValueError:
+            raise ValueError(f"begin time {text!r} is not a date") from None
+    else:
+        raise ValueError(f"{text!r} is not a begin time (now, now+N[s|m|h|d], HH:MM[:SS] or "
+                         f"YYYY-MM-DD[THH:MM[:SS]])")
+    if when > now + MAX_TIME:
+        raise ValueError(f"begin time {text!r} is more than a year away")
+    return when

@@ -9,6 +9,8 @@ import os
 import signal
 from typing import Any
 
+import pytest
+
 from tests.helpers import Node, poll_until
 from tether.cli.timefmt import parse_stamp
 
@@ -160,3 +162,45 @@ def test_jobs_beyond_what_a_pass_examines_wait_for_priority(make_node: Any) -> N
     node.ok("cancel", str(array))
     open(gate, "w").close()
     assert node.wait_end(head)["state"] == "completed"
+
+
+def test_begin_time_holds_a_job_back_until_then(make_node: Any) -> None:
+    node: Node = make_node(cpus=2)
+    node.start()
+    job = node.submit("true", opts=("--begin", "now+2"))
+    j = node.job(job)
+    assert (j["state"], j["reason"]) == ("pending", "BeginTime")
+    later = node.submit("true")  # the CPU is free: only the begin time holds the first back
+    assert node.wait_end(later)["state"] == "completed"
+    assert node.job(job)["state"] == "pending"
+    done = node.wait_end(job)  # no event but the time itself starts it
+    assert done["state"] == "completed"
+    assert stamp(done, "started_at") >= stamp(j, "begin_at")
+    bad = node.cli("submit", "--begin", "soon", "--", "true")
+    assert bad.returncode == 2 and "not a begin time" in bad.stderr
+
+
+def test_a_suspended_job_has_no_end_to_backfill_by(make_node: Any) -> None:
+    """Time suspended is not run time, so a suspended job may hold its resources for ever as far
+    as planning goes: nothing is backfilled against its limit until it is resumed."""
+    from tests.test_cgroup import needs_freezer
+
+    if needs_freezer.args[0]:
+        pytest.skip(needs_freezer.kwargs["reason"])
+    node: Node = make_node(cpus=2)
+    node.start()
+    gate = os.path.join(node.work, "go")
+    first = node.submit("sh", "-c", GATED.format(gate=gate, code=0), opts=("--time", "1"))
+    node.wait_state(first, ("running",))
+    node.ok("suspend", str(first))
+    blocked = node.submit("true", opts=("--cpus", "2"))
+    short = node.submit("true", opts=("--time", "0:01"))
+    later = node.submit("true", opts=("--cpus", "2"))  # an event: one more pass has run
+    assert reason(node, later) == "Priority"
+    assert (node.job(blocked)["reason"], node.job(short)["reason"]) == ("Resources", "Priority")
+    node.ok("resume", str(first))  # its limit is known again: the short job fits the gap
+    assert node.wait_end(short)["state"] == "completed"
+    assert node.job(blocked)["state"] == "pending"
+    open(gate, "w").close()
+    for job in (first, blocked, later):
+        assert node.wait_end(job)["state"] == "completed"

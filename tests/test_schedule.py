@@ -220,3 +220,22 @@ def test_dependencies() -> None:
                      ("afterok:x", "not a job id"), ("afterok:1?afterany:2", "not supported")):
         with pytest.raises(ValueError, match=why):
             jobopts.parse_dependency(bad)
+
+
+def test_begin_times() -> None:
+    from datetime import datetime
+
+    now = datetime(2026, 12, 1, 10, 30, 0).timestamp()  # local time
+    at = jobopts.parse_begin
+    assert [at(t, now) - now for t in ("now", "now+2", "now+5m", "now+1hour", "now+2days")] == [
+        0, 2, 300, 3600, 172800]
+    assert at("11:00", now) == datetime(2026, 12, 1, 11, 0).timestamp()
+    assert at("10:30", now) == datetime(2026, 12, 2, 10, 30).timestamp()  # passed: tomorrow
+    assert at("09:15:30", now) == datetime(2026, 12, 2, 9, 15, 30).timestamp()
+    assert at("2026-12-24", now) == datetime(2026, 12, 24).timestamp()
+    assert at("2026-11-01T08:00", now) < now  # in the past: eligible at once
+    for bad, why in (("tomorrow", "not a begin time"), ("now+5y", "unknown unit"),
+                     ("25:00", "not a time of day"), ("2026-13-01", "not a date"),
+                     ("now+400d", "more than a year")):
+        with pytest.raises(ValueError, match=why):
+            at(bad, now)

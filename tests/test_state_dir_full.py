@@ -34,11 +34,12 @@ def small_node() -> Iterator[Node]:
 def _fill(path: str) -> None:
     """Write zeros until the filesystem is full."""
     chunk = b"\0" * 65536
-    with open(path, "wb") as f:
+    # unbuffered: a buffered file keeps what the last write could not place and fails again
+    # when closed (ENOSPC out of the with), depending on how the free space falls in chunks
+    with open(path, "wb", buffering=0) as f:
         try:
             while True:
                 f.write(chunk)
-                f.flush()
         except OSError as exc:
             assert exc.errno == errno.ENOSPC, exc
 
