@@ -111,6 +111,38 @@ def test_probe_reads_the_agents_leaf_as_its_own_cgroup() -> None:
     assert host.own == {"unified": "/sys/fs/cgroup/tether.slice/tether-agent.service"}
 
 
+def test_pure_v2_limits_and_counts_on_a_fake_cgroupfs(tmp_path: Any) -> None:
+    """What this host cannot do for real (its cgroup2 has no memory controller): enabling the
+    controllers for the base, memory.max and no swap, the OOM count from memory.events and the
+    figures, against plain files laid out as cgroupfs would."""
+    own = tmp_path / "tether-agent.service"
+    own.mkdir()
+    (own / "cgroup.controllers").write_text("cpu io memory pids\n")
+    (own / "cgroup.subtree_control").write_text("")
+    base = own / "jobs"
+    base.mkdir()  # as the agent makes it first; the kernel would add the file
+    (base / "cgroup.subtree_control").write_text("")
+    cgroup.enable_v2_controllers(str(own), str(base))
+    assert (own / "cgroup.subtree_control").read_text() == "+memory +pids"
+    assert (base / "cgroup.subtree_control").read_text() == "+memory +pids"
+    step = base / "7.1"
+    step.mkdir()  # the kernel would make these files with the directory
+    for name, text in (("memory.max", ""), ("memory.swap.max", ""),  # written in place
+                       ("cgroup.procs", ""), ("memory.current", "1048576\n"),
+                       ("memory.peak", "52428800\n"), ("cpu.stat", "usage_usec 2500000\n"),
+                       ("memory.events", "low 0\nhigh 0\nmax 12\noom 1\noom_kill 1\n"),
+                       ("cgroup.events", "populated 0\nfrozen 0\n")):
+        (step / name).write_text(text)
+    cg = cgroup.StepCgroup({"mode": "v2", "dirs": {"unified": str(step)}, "memory_mb": 50})
+    cg.create()
+    assert (step / "memory.max").read_text() == str(50 << 20)
+    assert (step / "memory.swap.max").read_text() == "0"
+    assert cg.oom_kills() == 1
+    assert cg.stats() == {"mode": "v2", "memory_current": 1 << 20, "memory_peak": 50 << 20,
+                          "memory_limit_mb": 50, "cpu_seconds": 2.5, "pids": 0,
+                          "frozen": False}
+
+
 def test_probe_without_cgroups_is_none() -> None:
     host = cgroup.choose(cgroup.parse_mountinfo("22 1 0:21 / /proc rw - proc proc rw\n"),
                          {}, set())
