@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 from typing import Any
 
@@ -74,7 +75,11 @@ def test_the_limit_crosses_a_supervisor_re_exec(node: Node) -> None:
 
 
 def test_node_default_and_maximum(make_node: Any) -> None:
-    node: Node = make_node(cpus=1, extra=["--default-time", "0:01", "--max-time", "5"])
+    node: Node = make_node(cpus=1)
+    config = os.path.join(node.dir, "agent.toml")  # the maximum from the settings file
+    with open(config, "w") as f:
+        f.write('max-time = "5"\ndefault-time = "9"\n')
+    node.args += ["--config", config, "--default-time", "0:01"]  # the line wins over the file
     node.start()
     job = node.submit("sleep", "60")  # no --time: the node's default
     assert node.job(job)["time_limit"] == 1
