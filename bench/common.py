@@ -38,6 +38,7 @@ def kill_tree(state: str) -> int:
             os.kill(pid, signal.SIGKILL)
         except OSError:
             pass
+    remove_cgroups_under(state)
     return len(victims)
 
 
@@ -79,6 +80,14 @@ class ScratchAgent:
         kill_tree(self.state)
         remove_cgroups(self.state)
         shutil.rmtree(self.base, ignore_errors=True)
+
+
+def remove_cgroups_under(root: str) -> None:
+    """The steps' cgroups of every agent state directory at or below ``root`` (one that holds
+    an ``agent.lock``): a benchmark's agents are gone, what they left in cgroupfs goes too."""
+    for dirpath, _dirs, files in os.walk(root):
+        if "agent.lock" in files:
+            remove_cgroups(os.path.abspath(dirpath))
 
 
 def remove_cgroups(state: str) -> None:

@@ -333,6 +333,9 @@ class Cleaner:
         else:
             log(f"WARNING: could not get rid of {sorted(self.victims())}")
         reap_zombie_children()
+        from bench.common import remove_cgroups_under
+
+        remove_cgroups_under(self.root)
         shutil.rmtree(self.root, ignore_errors=True)
         return killed
 

@@ -23,6 +23,18 @@ def say(text: str) -> None:
     print(f"\n\033[1m== {text}\033[0m" if COLOUR else f"\n== {text}", flush=True)
 
 
+def remove_cgroups(state: str) -> None:
+    """The steps' cgroups the demo's agent made (under its default base), and the base."""
+    if os.geteuid() != 0:
+        return
+    from tether.agent.contain import default_base
+    from tether.shared import cgroup
+
+    for mode in ("v1", "v2"):
+        for path in cgroup.base_dirs(cgroup.probe(mode), default_base(state)).values():
+            cgroup.remove_tree(path)
+
+
 def main() -> int:
     base = tempfile.mkdtemp(dir="/tmp", prefix="tether-demo.")
     state, work = os.path.join(base, "state"), os.path.join(base, "work")
@@ -101,6 +113,7 @@ def main() -> int:
                             os.kill(int(name), signal.SIGKILL)
                 except OSError:
                     pass
+        remove_cgroups(state)
         shutil.rmtree(base, ignore_errors=True)
         print("done")
 
