@@ -31,6 +31,7 @@ event is fed again ``RETRY_FULL`` seconds later, so results are recorded once sp
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import functools
 import logging
@@ -285,6 +286,8 @@ class Agent:
         for item, _ in events:
             try:
                 self.dispatch_event(item, wake_r)
+            except AgentError:  # the database cannot be made durable: stop (crash-only)
+                raise
             except Exception:  # a bug in one job's handling must not stop the node
                 log.exception("internal error while handling %r", item)
         try:
@@ -359,6 +362,8 @@ class Agent:
         ``hold-sync``."""
         if held and agent_fault(self.cfg.faults, "hold-sync"):
             _hold(self.layout.state_dir, "sync")
+        if held and agent_fault(self.cfg.faults, "fail-sync"):
+            raise OSError(errno.EIO, "injected fsync failure (fault fail-sync)")
         if self.crash_at_sync and held:
             self.crash_at_sync -= 1
             if not self.crash_at_sync:

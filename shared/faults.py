@@ -45,6 +45,9 @@ FAULTS = (
           "the worker thread that makes each spawn's run directory, that done, creates "
           "`prep.held` in the state directory and goes on once `prep.go` exists there (the "
           "agent must keep serving meanwhile)"),
+    Fault(AGENT, "fail-sync", "the agent",
+          "the sync thread's first fsync that actions wait for fails (EIO): the agent stops "
+          "with an error (crash-only) and sends none of what waited for it"),
     Fault(AGENT, "hold-sync", "the agent",
           "the sync thread (group commit), before each fsync that actions wait for, creates "
           "`sync.held` in the state directory and goes on once `sync.go` exists there (the "

@@ -191,3 +191,22 @@ def test_the_loop_records_requests_while_an_fsync_is_slow(make_node: type[Node])
     assert sorted(acked) == list(range(1, 10))
     syncs = node.status()["db_syncs"]
     assert syncs < 1 + 1 + 8, f"{syncs} fsyncs: the submits did not share them"
+
+
+def test_an_fsync_that_fails_stops_the_agent_and_answers_nothing(node: Node) -> None:
+    """An fsync of the database fails (fault ``fail-sync``: EIO, as a dying disk): the agent
+    exits with an error naming it, and the submit that waited for it got no answer; a
+    restarted agent serves from what the database holds."""
+    node.start(env={"TETHER_AGENT_FAULT": "fail-sync"})
+    assert node.agent is not None
+    got: list[object] = []
+    with Client(node.layout.sock, timeout=20) as c:
+        try:
+            got.append(_submit(c, node, "true"))
+        except TetherError as exc:
+            got.append(exc)
+    assert node.agent.wait(timeout=20) == 1, node.logs()
+    assert "cannot make the database durable" in node.logs()
+    assert len(got) == 1 and isinstance(got[0], TetherError), got
+    node.start()
+    assert node.status()["db_syncs"] >= 1
