@@ -39,9 +39,13 @@ fi
 if [ ! -x .venv/bin/python ]; then
     /usr/bin/python3 -m venv .venv
 fi
-# compat mode: a plain path in a .pth, not an import hook (which cost every supervisor ~30 ms)
+# strict mode: setuptools links each file of the package into build/__editable__.* and a plain
+# .pth names that folder. No import hook (the default's finder cost every supervisor ~30 ms), and
+# only `tether` is importable: compat mode's .pth named the checkout itself, so the venv also
+# imported its top-level folders as `supervisor`, `agent`, `shared` and `cli` (supervisord's
+# `supervisor` among them). A module added later needs this script run again (test.sh does).
 .venv/bin/python -m pip install -q --disable-pip-version-check -e "$target" \
-    --config-settings editable_mode=compat
+    --config-settings editable_mode=strict
 # setuptools' distutils shim is a .pth that every interpreter start of this venv runs (~1-2 ms
 # of each tether command and cold supervisor); nothing here builds packages at run time.
 rm -f .venv/lib/python3*/site-packages/distutils-precedence.pth
