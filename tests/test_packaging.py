@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 
@@ -79,3 +80,21 @@ def test_pip_install_puts_only_tether_beside_supervisord(scratch: str) -> None:
     assert res.returncode == 0, res.stderr
 
 
+
+
+
+def test_the_development_venv_imports_only_tether_from_the_checkout() -> None:
+    """The venv `scripts/setup.sh` makes (an editable install) adds no import hook and puts
+    none of the checkout's top-level folders on the path: in compat mode its .pth named the
+    checkout, so any interpreter of the venv imported tether's `supervisor/` as `supervisor`."""
+    probe = ("import importlib.util as u, sys\n"
+             "print(*[n for n in ('supervisor', 'agent', 'shared', 'cli', 'tests', 'bench')"
+             " if u.find_spec(n) is not None], sep=',')\n"
+             "print(u.find_spec('tether').origin)\n"
+             "print(*[type(f).__name__ for f in sys.meta_path], sep=',')")
+    top, origin, finders = subprocess.run(
+        [sys.executable, "-I", "-c", probe], cwd="/", capture_output=True, text=True,
+        check=True).stdout.splitlines()
+    assert top == "", f"top-level names importable from the dev venv: {top}"
+    assert os.path.realpath(origin) == os.path.realpath(tether.__file__)
+    assert "Editable" not in finders, f"an import hook: {finders}"
