@@ -36,6 +36,7 @@ from tether.supervisor.step import Phase, signal_name
 
 if TYPE_CHECKING:
     from tether.supervisor.service import Supervisor
+    from tether.supervisor.state import SupervisorState
 
 log = logging.getLogger("tether.supervisor")
 
@@ -133,7 +134,7 @@ def claim(sup: Supervisor, peer: Peer, req: protocol.Request) -> Any:
     return claim_result(sup)
 
 
-def claim_result(sup: Supervisor) -> dict[str, Any]:
+def claim_result(sup: SupervisorState) -> dict[str, Any]:
     return {
         "phase": sup.step.phase.value, "started_at": sup.step.started_at,
         "tasks": [{"rank": t.rank, "pid": t.pid, "start_ticks": t.start_ticks}
@@ -302,7 +303,7 @@ def _selected(sup: Supervisor, which: str) -> tuple[str, ...]:
     return (which,)
 
 
-def _reader(sup: Supervisor, name: str) -> int | None:
+def _reader(sup: SupervisorState, name: str) -> int | None:
     fd = sup.launcher.readers.get(name)
     if fd is None and sup.step.phase not in (Phase.READY, Phase.ABORTED) and (
             any(t.pid for t in sup.step.tasks)):
@@ -311,7 +312,7 @@ def _reader(sup: Supervisor, name: str) -> int | None:
     return fd
 
 
-def stream_sizes(sup: Supervisor) -> dict[str, int]:
+def stream_sizes(sup: SupervisorState) -> dict[str, int]:
     sizes = {}
     for name in STREAMS:
         fd = sup.launcher.readers.get(name)
@@ -319,7 +320,7 @@ def stream_sizes(sup: Supervisor) -> dict[str, int]:
     return sizes
 
 
-def follow_result(sup: Supervisor, streams: tuple[str, ...],
+def follow_result(sup: SupervisorState, streams: tuple[str, ...],
                   offsets: Mapping[str, int]) -> dict[str, Any]:
     """New bytes of each stream from its offset (at most FOLLOW_MAX each), and ``ended``."""
     res: dict[str, Any] = {"phase": sup.step.phase.value}
@@ -393,7 +394,7 @@ def output(sup: Supervisor, peer: Peer, req: protocol.Request) -> Any:
     return res
 
 
-def events_result(sup: Supervisor, after: int) -> dict[str, Any]:
+def events_result(sup: SupervisorState, after: int) -> dict[str, Any]:
     batch = sup.events[after:after + EVENTS_MAX]
     last = after + len(batch)
     return {"events": batch, "last": last,

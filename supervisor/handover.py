@@ -42,7 +42,7 @@ import tether
 from tether.shared import protocol
 
 if TYPE_CHECKING:
-    from tether.supervisor.service import Supervisor
+    from tether.supervisor.state import SupervisorState
 
 #: the layout of the handed-over state; see the module docstring
 #: 2: the door's listening socket (``door_fd``) beside the ROUTER's, which listens in ctl/; a
@@ -100,7 +100,7 @@ def probe_installed() -> str:
     return words[2] if len(words) > 2 else "?"
 
 
-def capture(sup: Supervisor) -> dict[str, Any]:
+def capture(sup: SupervisorState) -> dict[str, Any]:
     timers = {name: t.when for name, t in (("claim", sup.claim_timer), ("kill", sup.kill_timer),
                                            ("limit", sup.limit_timer))
               if t is not None and not t.cancelled}
@@ -151,6 +151,6 @@ def read_state(fd: int) -> dict[str, Any]:
     return state
 
 
-def argv(sup: Supervisor, state_fd: int) -> list[str]:
+def argv(sup: SupervisorState, state_fd: int) -> list[str]:
     return [sys.executable, "-I", "-m", "tether.supervisor", "--run-dir", sup.rd.path,
             "--lock-fd", str(sup.lock_fd), "--resume-fd", str(state_fd)]

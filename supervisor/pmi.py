@@ -68,21 +68,27 @@ from __future__ import annotations
 
 import enum
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
+from tether.supervisor.pmi_wire import (
+    ABSURD_LINE_V1,
+    MAX_COMMAND_V2,
+    MAX_LINE_V1,
+    V2_HEADER,
+    V2_HEADER_LEN,
+    PmiSyntaxError,
+    Unencodable,
+    encode_frame,
+    encode_line,
+    parse_frame,
+    parse_line,
+    preview,
+)
+
 # ---- limits -------------------------------------------------------------------------------------
 
-#: PMIU_MAXLINE: the longest PMI-1 line, newline included, that MPICH's client reads or writes.
-MAX_LINE_V1 = 1024
-#: A PMI-1 line longer than MAX_LINE_V1 is dropped and refused with an error reply; one longer
-#: than this is not PMI at all (ProtocolError). Dropped bytes are not buffered.
-ABSURD_LINE_V1 = 64 * 1024
-#: PMII_MAX_COMMAND_LEN: the longest PMI-2 command body. A larger declared length is fatal.
-MAX_COMMAND_V2 = 64 * 1024
-#: Width of the PMI-2 length prefix.
-V2_HEADER_LEN = 6
 #: kvsname_max advertised by get_maxes (Hydra's value); jobid and kvsname must fit in it.
 MAX_KVSNAME = 256
 #: Cap on bytes held in the KVS, node attributes and names together: a guard against a runaway
@@ -91,7 +97,6 @@ DEFAULT_MAX_STORE_BYTES = 64 * 1024 * 1024
 #: How much of a dropped over-long line is kept, to name its command in the error reply.
 _HEAD_LEN = 64
 
-_V2_HEADER = re.compile(rb" *[0-9]+ *")
 _SAFE_NAME = re.compile(r"[A-Za-z0-9_.:+-]+")
 
 
@@ -167,101 +172,6 @@ Output: TypeAlias = Send | Abort | Finalized | ProtocolError | Broken
 class Protocol(enum.Enum):
     PMI1 = "PMI-1"
     PMI2 = "PMI-2"
-
-
-# ---- wire codec ---------------------------------------------------------------------------------
-
-
-class PmiSyntaxError(ValueError):
-    """Bytes that are not a PMI message at all."""
-
-
-class _Unencodable(ValueError):
-    """A reply that cannot be put in PMI-1 framing (a space or newline in a value, too long)."""
-
-
-def _preview(text: str, limit: int = 40) -> str:
-    return repr(text if len(text) <= limit else text[:limit] + "...")
-
-
-def parse_line(line: bytes) -> tuple[str, dict[str, str]]:
-    """Split one PMI-1 line (without its newline) into its command and attributes.
-
-    Words are separated by spaces; a key ends at the first ``=``, so values may contain ``=``
-    (MPICH sends ``value=segments=2``). If a key repeats, the first wins, as in MPICH's getval.
-    """
-    text = line.decode("latin-1")
-    words = [word for word in text.split(" ") if word]
-    if not words or not words[0].startswith("cmd=") or len(words[0]) == 4:
-        raise PmiSyntaxError(f"expected a PMI-1 line 'cmd=<name> ...', got {_preview(text)}")
-    args: dict[str, str] = {}
-    for word in words[1:]:
-        key, eq, value = word.partition("=")
-        if not eq or not key:
-            raise PmiSyntaxError(f"expected key=value in a PMI-1 line, got {_preview(word)}")
-        args.setdefault(key, value)
-    return words[0][4:], args
-
-
-def _scan_v2_value(text: str, start: int) -> tuple[str, int]:
-    """Read a PMI-2 value from ``start`` up to its terminating ``;``, undoubling ``;;``.
-
-    Greedy, like MPICH's parse_keyval: ``;;`` is always an escaped ``;``. Returns the value and
-    the index after the terminator. A missing final terminator is tolerated.
-    """
-    parts: list[str] = []
-    pos = start
-    while True:
-        semi = text.find(";", pos)
-        if semi < 0:
-            parts.append(text[pos:])
-            return "".join(parts), len(text)
-        parts.append(text[pos:semi])
-        if text.startswith(";;", semi):
-            parts.append(";")
-            pos = semi + 2
-            continue
-        return "".join(parts), semi + 1
-
-
-def parse_frame(body: bytes) -> tuple[str, dict[str, str]]:
-    """Split one PMI-2 command body (after the length prefix) into command and attributes."""
-    text = body.decode("latin-1")
-    pairs: list[tuple[str, str]] = []
-    pos = 0
-    while pos < len(text):
-        eq = text.find("=", pos)
-        semi = text.find(";", pos)
-        if eq < 0 or 0 <= semi < eq or eq == pos:
-            raise PmiSyntaxError(f"expected key=value; in PMI-2, got {_preview(text[pos:])}")
-        value, end = _scan_v2_value(text, eq + 1)
-        pairs.append((text[pos:eq], value))
-        pos = end
-    if not pairs or pairs[0][0] != "cmd" or not pairs[0][1]:
-        raise PmiSyntaxError(f"expected a PMI-2 'cmd=<name>;...', got {_preview(text)}")
-    args: dict[str, str] = {}
-    for key, value in pairs[1:]:
-        args.setdefault(key, value)
-    return pairs[0][1], args
-
-
-def encode_line(cmd: str, pairs: Sequence[tuple[str, str]]) -> bytes:
-    """One PMI-1 line. Raises _Unencodable if it would not survive MPICH's parser."""
-    words = [f"cmd={cmd}", *(f"{key}={value}" for key, value in pairs)]
-    for word in words:
-        if " " in word or "\n" in word:
-            raise _Unencodable(f"{_preview(word)} contains a space or newline")
-    data = (" ".join(words) + "\n").encode("latin-1")
-    if len(data) > MAX_LINE_V1:
-        raise _Unencodable(f"a {len(data)}-byte line exceeds the {MAX_LINE_V1}-byte PMI-1 limit")
-    return data
-
-
-def encode_frame(cmd: str, pairs: Sequence[tuple[str, str]]) -> bytes:
-    """One PMI-2 frame: right-justified 6-char length (Hydra's %6u), every pair ``;``-ended."""
-    body = f"cmd={cmd};" + "".join(f"{k}={v.replace(';', ';;')};" for k, v in pairs)
-    data = body.encode("latin-1")
-    return b"%6d" % len(data) + data
 
 
 # ---- per-rank and per-request state -------------------------------------------------------------
@@ -583,7 +493,7 @@ class PmiServer:
         if len(buf) < V2_HEADER_LEN:
             return None
         header = bytes(buf[:V2_HEADER_LEN])
-        if not _V2_HEADER.fullmatch(header):
+        if not V2_HEADER.fullmatch(header):
             raise _StreamError(f"expected a 6-character PMI-2 length prefix, got {header!r}")
         length = int(header)
         if not 0 < length <= MAX_COMMAND_V2:
@@ -610,7 +520,7 @@ class PmiServer:
         for raw in lines[1:-1]:
             key, eq, value = raw.decode("latin-1").partition("=")
             if not eq or not key:
-                raise PmiSyntaxError(f"expected key=value in an mcmd block, got {_preview(key)}")
+                raise PmiSyntaxError(f"expected key=value in an mcmd block, got {preview(key)}")
             args.setdefault(key, value)
         return _Request(st.rank, _Wire.LINES, lines[0].decode("latin-1")[5:], args)
 
@@ -625,11 +535,11 @@ class PmiServer:
             return [self._refusal(request, limit)]
         if st.protocol is None and item.cmd != "init":
             st.protocol = Protocol.PMI1 if item.wire is _Wire.LINES else Protocol.PMI2
-        table = _V1_HANDLERS if item.wire is _Wire.LINES else _V2_HANDLERS
+        table = pmi_commands.V1_HANDLERS if item.wire is _Wire.LINES else pmi_commands.V2_HANDLERS
         handler = table.get(item.cmd)
         if handler is None:
             protocol = "PMI-1" if item.wire is _Wire.LINES else "PMI-2"
-            return [self._refusal(item, f"unknown {protocol} command {_preview(item.cmd)}")]
+            return [self._refusal(item, f"unknown {protocol} command {preview(item.cmd)}")]
         try:
             return handler(self, st, item)
         except _Refused as exc:
@@ -651,7 +561,7 @@ class PmiServer:
             return Send(rank=req.rank, data=encode_frame(name, echoed))
         try:
             return Send(rank=req.rank, data=encode_line(name, pairs))
-        except _Unencodable as exc:
+        except Unencodable as exc:
             return self._refusal(req, f"the reply cannot be sent over PMI-1: {exc}")
 
     def _ok(self, req: _Request, *pairs: tuple[str, str]) -> Send:
@@ -758,7 +668,7 @@ class PmiServer:
     def _check_kvsname(self, req: _Request) -> None:
         name = req.args.get("kvsname")
         if name is not None and name != self.kvsname:
-            raise _Refused(f"kvsname {_preview(name)} is not this job's ({self.kvsname})")
+            raise _Refused(f"kvsname {preview(name)} is not this job's ({self.kvsname})")
 
     def _store(
         self, table: dict[str, str], key: str, value: str, old: str | None, what: str
@@ -766,7 +676,7 @@ class PmiServer:
         """Insert once. PMI keys are write-once; an identical re-put is accepted as a retry."""
         if old is not None:
             if old != value:
-                raise _Refused(f"{what} key {_preview(key)} was already put with another value")
+                raise _Refused(f"{what} key {preview(key)} was already put with another value")
             return
         if self._store_bytes + len(key) + len(value) > self.max_store_bytes:
             raise _Refused(f"the step's PMI store is full ({self.max_store_bytes} bytes)")
@@ -815,226 +725,19 @@ class PmiServer:
 
     def _unpublish(self, name: str) -> None:
         if self._names.pop(name, None) is None:
-            raise _Refused(f"service {_preview(name)} is not published")
+            raise _Refused(f"service {preview(name)} is not published")
 
     def _lookup(self, name: str) -> str:
         port = self._names.get(name)
         if port is None:
-            raise _Refused(f"service {_preview(name)} is not published")
+            raise _Refused(f"service {preview(name)} is not published")
         return port
-
-    # ---- PMI-1 handlers -------------------------------------------------------------------------
-
-    def _v1_init(self, st: _Rank, req: _Request) -> list[Output]:
-        if st.initialized:
-            raise _Refused("PMI init was already done on this connection")
-        version = req.args.get("pmi_version")
-        if version == "1":
-            # Answer subversion 1 so that newer clients don't send PMI-1.2 barrier groups.
-            st.initialized, st.protocol = True, Protocol.PMI1
-            return [self._send(req, [("pmi_version", "1"), ("pmi_subversion", "1"), ("rc", "0")])]
-        if version == "2":
-            st.initialized, st.protocol = True, Protocol.PMI2
-            reply = self._send(req, [("pmi_version", "2"), ("pmi_subversion", "0"), ("rc", "0")])
-            st.wire = _Wire.FRAMES  # every byte after this line is a PMI-2 frame
-            return [reply]
-        # rc is mandatory; MPICH prints the versions given here in its "version mismatch" error.
-        message = f"unsupported_pmi_version_{version}"
-        pairs = [("pmi_version", "1"), ("pmi_subversion", "1"), ("rc", "-1"), ("msg", message)]
-        return [self._send(req, pairs)]
-
-    def _v1_get_maxes(self, st: _Rank, req: _Request) -> list[Output]:
-        return [self._send(req, [
-            ("kvsname_max", str(MAX_KVSNAME)),
-            ("keylen_max", str(self.max_key)),
-            ("vallen_max", str(self.max_value)),
-        ])]
-
-    def _v1_get_appnum(self, st: _Rank, req: _Request) -> list[Output]:
-        return [self._send(req, [("appnum", str(self.appnum))])]
-
-    def _v1_get_my_kvsname(self, st: _Rank, req: _Request) -> list[Output]:
-        return [self._send(req, [("kvsname", self.kvsname)])]
-
-    def _v1_get_universe_size(self, st: _Rank, req: _Request) -> list[Output]:
-        return [self._send(req, [("size", str(self.universe_size))])]
-
-    def _v1_put(self, st: _Rank, req: _Request) -> list[Output]:
-        self._check_kvsname(req)
-        self._put_kvs(self._key(req), self._value(req), staged=False)
-        return [self._send(req, [("rc", "0"), ("msg", "success")])]
-
-    def _v1_get(self, st: _Rank, req: _Request) -> list[Output]:
-        self._check_kvsname(req)
-        key = self._key(req)
-        value = self._kvs.get(key)
-        if value is None:
-            raise _Refused(f"key {key} not found")
-        return [self._send(req, [("rc", "0"), ("msg", "success"), ("value", value)])]
-
-    def _v1_barrier_in(self, st: _Rank, req: _Request) -> list[Output]:
-        return self._enter_collective(st, self._send(req, []))
-
-    def _v1_finalize(self, st: _Rank, req: _Request) -> list[Output]:
-        return self._finalize(st, self._send(req, []))
-
-    def _v1_abort(self, st: _Rank, req: _Request) -> list[Output]:
-        return self._abort(st, req.args.get("exitcode"), req.args.get("message", ""))
-
-    def _v1_publish_name(self, st: _Rank, req: _Request) -> list[Output]:
-        self._publish(self._key(req, "service"), self._value(req, "port"))
-        return [self._send(req, [("rc", "0")])]
-
-    def _v1_unpublish_name(self, st: _Rank, req: _Request) -> list[Output]:
-        self._unpublish(self._key(req, "service"))
-        return [self._send(req, [("rc", "0")])]
-
-    def _v1_lookup_name(self, st: _Rank, req: _Request) -> list[Output]:
-        return [self._send(req, [("rc", "0"), ("port", self._lookup(self._key(req, "service")))])]
-
-    def _v1_spawn(self, st: _Rank, req: _Request) -> list[Output]:
-        # MPICH sends one mcmd block per command and reads one spawn_result after the last
-        # (spawnssofar == totspawns); answering each block would desynchronize its stream.
-        total, so_far = _int(req.args.get("totspawns")), _int(req.args.get("spawnssofar"))
-        if total is not None and so_far is not None and 0 < so_far < total:
-            return []
-        raise _Refused("spawn is not supported by this launcher")
-
-    # ---- PMI-2 handlers -------------------------------------------------------------------------
-
-    def _v2_fullinit(self, st: _Rank, req: _Request) -> list[Output]:
-        if st.fullinit:
-            raise _Refused("fullinit was already done on this connection")
-        # MPICH sends pmirank ($PMI_ID or $PMI_RANK); Slurm's libpmi2 sends srcid=$PMI_ID.
-        # A mismatch means the rank inherited another launcher's PMI_* environment.
-        for name in ("pmirank", "srcid"):
-            claimed = req.args.get(name)
-            if claimed is not None and _int(claimed) != st.rank:
-                raise _Refused(f"fullinit says {name}={claimed}, but this is rank {st.rank}'s fd")
-        jobid = req.args.get("pmijobid")
-        if jobid is not None and jobid != self.jobid:
-            raise _Refused(f"fullinit says pmijobid={jobid}, but this is job {self.jobid}")
-        st.fullinit, st.protocol = True, Protocol.PMI2
-        pairs = [
-            ("pmi-version", "2"),
-            ("pmi-subversion", "0"),
-            ("rank", str(st.rank)),
-            ("size", str(self.size)),
-            ("appnum", str(self.appnum)),
-        ]
-        if self.spawner_jobid is not None:  # its mere presence tells MPI it was spawned
-            pairs.append(("spawner-jobid", self.spawner_jobid))
-        pairs += [("debugged", "FALSE"), ("pmiverbose", "FALSE")]
-        return [self._ok(req, *pairs)]
-
-    def _v2_job_getid(self, st: _Rank, req: _Request) -> list[Output]:
-        return [self._ok(req, ("jobid", self.jobid))]
-
-    def _v2_kvs_put(self, st: _Rank, req: _Request) -> list[Output]:
-        self._put_kvs(self._key(req), self._value(req), staged=True)
-        return [self._ok(req)]
-
-    def _v2_kvs_fence(self, st: _Rank, req: _Request) -> list[Output]:
-        return self._enter_collective(st, self._ok(req))
-
-    def _v2_kvs_get(self, st: _Rank, req: _Request) -> list[Output]:
-        jobid = req.args.get("jobid")
-        if jobid and jobid != self.jobid:
-            raise _Refused(f"kvs-get for job {_preview(jobid)}: only job {self.jobid} is here")
-        value = self._kvs.get(self._key(req))  # srcid is only a hint; the KVS is flat
-        return [self._found(req, value)]
-
-    def _v2_info_getjobattr(self, st: _Rank, req: _Request) -> list[Output]:
-        return [self._found(req, self._kvs.get(self._key(req)))]
-
-    def _v2_info_putnodeattr(self, st: _Rank, req: _Request) -> list[Output]:
-        key, value = self._key(req), self._value(req)
-        self._store(self._node_attrs, key, value, self._node_attrs.get(key), "node attribute")
-        out: list[Output] = [self._ok(req)]
-        # Answer the requests held for this key, in arrival order.
-        out += [self._found(held, value) for held in self._node_waits.pop(key, [])]
-        return out
-
-    def _v2_info_getnodeattr(self, st: _Rank, req: _Request) -> list[Output]:
-        key = self._key(req)
-        wait = req.args.get("wait", "FALSE")
-        if wait not in ("TRUE", "FALSE"):
-            raise _Refused(f"wait must be TRUE or FALSE, got {_preview(wait)}")
-        value = self._node_attrs.get(key)
-        if value is not None or wait == "FALSE":
-            return [self._found(req, value)]
-        if st.exited:  # late bytes from a dead rank: nobody would read the answer
-            return []
-        self._node_waits.setdefault(key, []).append(req)
-        return self._check_stuck(st.rank)
-
-    def _found(self, req: _Request, value: str | None) -> Send:
-        if value is None:
-            return self._ok(req, ("found", "FALSE"))
-        return self._ok(req, ("found", "TRUE"), ("value", value))
-
-    def _v2_name_publish(self, st: _Rank, req: _Request) -> list[Output]:
-        self._publish(self._key(req, "name"), self._value(req, "port"))
-        return [self._ok(req)]
-
-    def _v2_name_unpublish(self, st: _Rank, req: _Request) -> list[Output]:
-        self._unpublish(self._key(req, "name"))
-        return [self._ok(req)]
-
-    def _v2_name_lookup(self, st: _Rank, req: _Request) -> list[Output]:
-        return [self._ok(req, ("port", self._lookup(self._key(req, "name"))))]
-
-    def _v2_finalize(self, st: _Rank, req: _Request) -> list[Output]:
-        return self._finalize(st, self._ok(req))
-
-    def _v2_abort(self, st: _Rank, req: _Request) -> list[Output]:
-        # Old clients send isworld= and msg=; the PMI-2 spec (and MPICH >= 4.2) exitcode= and
-        # message=.
-        message = req.args.get("message", req.args.get("msg", ""))
-        return self._abort(st, req.args.get("exitcode"), message)
-
-    def _v2_spawn(self, st: _Rank, req: _Request) -> list[Output]:
-        raise _Refused("spawn is not supported by this launcher")
 
 
 def _ranks(ranks: Any) -> str:
     return "[" + ", ".join(str(r) for r in sorted(ranks)) + "]"
 
 
-_Handler: TypeAlias = Callable[[PmiServer, _Rank, _Request], list[Output]]
-
-#: PMI-1 commands (line framing). Anything else gets an error reply.
-_V1_HANDLERS: dict[str, _Handler] = {
-    "init": PmiServer._v1_init,
-    "get_maxes": PmiServer._v1_get_maxes,
-    "get_appnum": PmiServer._v1_get_appnum,
-    "get_my_kvsname": PmiServer._v1_get_my_kvsname,
-    "get_universe_size": PmiServer._v1_get_universe_size,
-    "put": PmiServer._v1_put,
-    "get": PmiServer._v1_get,
-    "barrier_in": PmiServer._v1_barrier_in,
-    "finalize": PmiServer._v1_finalize,
-    "abort": PmiServer._v1_abort,
-    "publish_name": PmiServer._v1_publish_name,
-    "unpublish_name": PmiServer._v1_unpublish_name,
-    "lookup_name": PmiServer._v1_lookup_name,
-    "spawn": PmiServer._v1_spawn,
-}
-
-#: PMI-2 commands (frame framing). Replies are always ``<cmd>-response``.
-_V2_HANDLERS: dict[str, _Handler] = {
-    "fullinit": PmiServer._v2_fullinit,
-    "job-getid": PmiServer._v2_job_getid,
-    "kvs-put": PmiServer._v2_kvs_put,
-    "kvs-fence": PmiServer._v2_kvs_fence,
-    "kvs-get": PmiServer._v2_kvs_get,
-    "info-getjobattr": PmiServer._v2_info_getjobattr,
-    "info-putnodeattr": PmiServer._v2_info_putnodeattr,
-    "info-getnodeattr": PmiServer._v2_info_getnodeattr,
-    "name-publish": PmiServer._v2_name_publish,
-    "name-unpublish": PmiServer._v2_name_unpublish,
-    "name-lookup": PmiServer._v2_name_lookup,
-    "finalize": PmiServer._v2_finalize,
-    "abort": PmiServer._v2_abort,
-    "spawn": PmiServer._v2_spawn,
-}
+# The commands need this module's classes, so they are imported last (a cycle Python resolves
+# either way round: nothing here uses them before a request arrives).
+from tether.supervisor import pmi_commands  # noqa: E402

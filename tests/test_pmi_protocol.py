@@ -1,4 +1,5 @@
-"""Pure tests for supervisor.pmi: PMI-1 and PMI-2 as MPICH (and Slurm's libpmi2) speak them.
+"""Pure tests for supervisor.pmi (with pmi_commands) and pmi_wire, its codec: PMI-1 and PMI-2
+as MPICH (and Slurm's libpmi2) speak them.
 
 No sockets: a harness plays N ranks by feeding bytes and reading the Send outputs. Replies are
 compared as text; an expected reply ending in ``*`` is a prefix (for error messages).
@@ -12,17 +13,11 @@ from collections.abc import Sequence
 
 import pytest
 
-from tether.supervisor.pmi import (
+from tether.supervisor.pmi import Abort, Broken, Finalized, Output, PmiServer, ProtocolError, Send
+from tether.supervisor.pmi_wire import (
     ABSURD_LINE_V1,
     MAX_LINE_V1,
-    Abort,
-    Broken,
-    Finalized,
-    Output,
-    PmiServer,
     PmiSyntaxError,
-    ProtocolError,
-    Send,
     encode_frame,
     encode_line,
     parse_frame,

@@ -1,0 +1,206 @@
+"""From the agent's claim to running tasks, or to an abort before any started.
+
+A claim starts the opener (the job's user's output files, opened as that user); when the files
+are in, the manifest says ``launching`` durably, the cgroup is made and the tasks are forked
+(launch.py). Until then the step is ``ready``: an abort, or the claim deadline, still wins and
+nothing ever runs. A mixin of ``service.Supervisor``; its state is ``state.py``'s.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import time
+
+import zmq
+
+from tether.shared import faults, protocol
+from tether.shared.cgroup import CgroupError, StepCgroup
+from tether.shared.errors import LaunchError, StateError
+from tether.shared.timers import rfc3339_now
+from tether.supervisor import handlers
+from tether.supervisor.launch import LaunchFailed, Opened, Opener, output_paths
+from tether.supervisor.state import Peer, SupervisorState, killpg
+from tether.supervisor.step import Phase, bounded
+
+log = logging.getLogger("tether.supervisor")
+
+#: How long the opener (the job's user's files) may take before the launch fails.
+OPEN_TIMEOUT = 5.0
+
+
+class Claims(SupervisorState):
+    """The claim, the opener and the launch; or an abort before anything started."""
+
+    def claim(self, peer: Peer, rid: protocol.RequestId) -> None:
+        """The first valid claim starts the opener; every claim is answered once the tasks
+        have started (or the launch failed). The step stays ``ready`` meanwhile, so an abort
+        still wins, and the claim deadline no longer runs."""
+        self.claims.park(None, peer, rid, OPEN_TIMEOUT + 5.0, None, lambda p: self.reply(
+            p.peer, protocol.error(p.rid, LaunchError("the launch is still opening files"))))
+        if self.opener is not None:
+            return
+        if self.claim_timer:
+            self.claim_timer.cancel()
+        try:
+            self.opener = Opener(self.spec, output_paths(self.spec))
+        except OSError as exc:
+            self.opened(LaunchFailed(f"cannot start the output opener: {exc}"))
+            return
+        self.poller.register(self.opener.sock, zmq.POLLIN)
+        self.opener_timer = self.timers.at(time.monotonic() + OPEN_TIMEOUT, self.opener_late)
+
+    def opener_ready(self) -> None:
+        assert self.opener is not None
+        try:
+            got: Opened | LaunchFailed = self.opener.result()
+        except LaunchFailed as exc:
+            got = exc
+        self.opened(got)
+
+    def opener_late(self) -> None:
+        if self.opener is not None:
+            self.opener.kill()
+            self.opened(LaunchFailed(f"the output files could not be opened as "
+                                     f"{self.spec.get('user')} within {OPEN_TIMEOUT:g}s"))
+
+    def drop_opener(self) -> None:
+        if self.opener is not None:
+            with contextlib.suppress(KeyError):
+                self.poller.unregister(self.opener.sock)
+            self.opener.close()
+            self.opener = None
+        if self.opener_timer is not None:
+            self.opener_timer.cancel()
+            self.opener_timer = None
+
+    def opened(self, got: Opened | LaunchFailed) -> None:
+        """Launch on what the opener handed back: phase ready -> running.
+
+        The manifest says ``launching`` durably *before* the first fork: if this process dies
+        while forking, the agent must find "tasks may be running" (lost, leftovers killed), never
+        "never ran" (requeued, and run a second time beside the first).
+        """
+        self.drop_opener()
+        if self.step.phase is not Phase.READY:  # aborted meanwhile: nothing starts
+            if isinstance(got, Opened):
+                got.close()
+                for r in got.readers:
+                    if r is not None:
+                        os.close(r)
+            self.answer_claims()
+            return
+        if not self.write_manifest(launching=True):
+            if isinstance(got, Opened):
+                got.close()
+            err = LaunchError(f"cannot record the launch in {self.rd.manifest}; not starting")
+            for p in self.claims.take(None):
+                self.reply(p.peer, protocol.error(p.rid, err))
+            return
+        self.step.advance(Phase.RUNNING)
+        self.step.started_at = rfc3339_now()
+        self.make_cgroup()
+        limit = self.spec.get("time_limit")
+        if isinstance(limit, int | float) and not isinstance(limit, bool) and limit > 0:
+            # Counted from the launch, by this process: the agent may be gone when it runs out.
+            self.step.launched_mono = time.monotonic()
+            self.limit_timer = self.timers.at(time.monotonic() + float(limit),
+                                              self.time_limit_reached)
+        try:
+            self.launcher.launch(self.spec, self.step, got)
+        except LaunchFailed as exc:
+            log.warning("launch failed: %s", exc)
+            for task in self.step.tasks:
+                if task.pid and not task.done:
+                    killpg(task.pid, signal.SIGKILL)
+        except Exception as exc:  # EMFILE, ENOMEM, a bug: never a half-started step
+            log.exception("launch failed")
+            self.fail_launch(f"launch failed: {exc}")
+        self.sync_pmi_registrations()
+        for task in self.step.tasks:
+            if task.pid:
+                self.emit("task_started", rank=task.rank, pid=task.pid)
+        if faults.supervisor_fault("die-after-launch"):
+            os.kill(os.getpid(), signal.SIGKILL)  # test-only: the crash window before "running"
+        self.write_manifest()
+        log.info("launched %d task(s): pids %s", self.step.ntasks,
+                 [t.pid for t in self.step.tasks])
+        self.answer_claims()
+        self.reap()  # a launch failure may already have finished the step
+
+    def make_cgroup(self) -> None:
+        """The step's cgroup, before the first fork; the launcher puts each task in it."""
+        if not self.cgroup.active:
+            return
+        try:
+            self.cgroup.create()
+        except CgroupError as exc:
+            # Never a failed launch for want of containment: tracked as without cgroups.
+            log.error("%s; the step runs without one (tracked by process group and session)",
+                      exc)
+            self.cgroup.remove()
+            self.cgroup = StepCgroup({"mode": "none"})
+            return
+        self.launcher.contain = self.cgroup.joined
+
+    def kill_cgroup(self) -> None:
+        if self.cgroup.active:
+            self.cgroup.kill()
+
+    def answer_claims(self) -> None:
+        for p in self.claims.take(None):
+            if self.step.phase is Phase.ABORTED:
+                self.reply(p.peer, protocol.error(p.rid, StateError(
+                    f"step {self.rd.job}.{self.rd.attempt} was aborted before launch: "
+                    f"{self.step.abort_reason}")))
+            else:
+                self.reply(p.peer, protocol.ok(p.rid, handlers.claim_result(self)))
+
+    def fail_launch(self, reason: str) -> None:
+        """The tasks already started are killed, the rest never start, and the first of those
+        carries ``reason`` into the exit record (exit code 127, like a failed exec)."""
+        if self.pmi is not None:
+            self.pmi.step_failing(reason)
+        told = False
+        for task in self.step.tasks:
+            if task.done:
+                continue
+            if task.pid:
+                task.killed_by_step = True
+                killpg(task.pid, signal.SIGKILL)
+            elif not told:
+                task.record_launch_failure(reason)
+                self.step.note_exit(task)
+                told = True
+            else:
+                task.done = True
+                task.reason = bounded(f"not started: {reason}")
+        if not told:  # every task had started: the step fails for this reason all the same
+            self.step.force_failure(reason)
+
+    def claim_expired(self) -> None:
+        if self.step.phase is not Phase.READY:
+            return
+        self.abort(f"no agent claimed the step within {self.spec['claim_timeout']:g}s",
+                   cancel=False, keep_record=True)
+
+    def abort(self, reason: str, *, cancel: bool, keep_record: bool) -> None:
+        """Give up before launching: nothing ran. ``keep_record`` leaves a sentinel saying so."""
+        self.step.advance(Phase.ABORTED)
+        self.step.cancelled = cancel
+        self.step.abort_reason = reason
+        self.step.ended_at = rfc3339_now()
+        log.warning("aborted before launch: %s", reason)
+        if keep_record:
+            self.write_record()
+        else:
+            self.record = self.build_record()
+            self.remove_rundir = True
+        if self.opener is not None:
+            self.opener.kill()
+            self.drop_opener()
+        self.answer_claims()
+        self.release_waiters()
+        self.running = False

@@ -1,0 +1,91 @@
+"""The PMI server (pmi.py, pure) wired into the supervisor's loop.
+
+The ranks' PMI sockets (pmi_io.py) are registered with the loop's poller, read and written as they
+become ready; what the server answers is acted on here: bytes to send, and an abort, a protocol
+error or a broken collective, each of which fails the step and kills its ranks. A mixin of
+``service.Supervisor``; its state is ``state.py``'s.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+from typing import Any
+
+import zmq
+
+from tether.supervisor.pmi import Abort, Broken, Finalized, Output, ProtocolError, Send
+from tether.supervisor.state import SupervisorState, killpg
+
+log = logging.getLogger("tether.supervisor")
+
+
+class PmiLoop(SupervisorState):
+    """The PMI server's sockets on the loop, and what its outputs mean for the step."""
+
+    def pmi_events(self, events: dict[Any, int]) -> None:
+        assert self.channels is not None
+        ours = [(fd, rank) for fd, rank in self.channels.fd_ranks().items() if fd in events]
+        for fd, rank in ours:
+            flags = events[fd]
+            if flags & zmq.POLLIN:
+                self.handle_pmi(self.channels.readable(rank))
+            if flags & zmq.POLLOUT:
+                self.channels.flush(rank)
+        if ours:
+            self.sync_pmi_registrations()
+
+    def sync_pmi_registrations(self) -> None:
+        """Keep the poller's view of the PMI fds in step with the channels."""
+        if self.channels is None:
+            return
+        want_write = self.channels.wants_write()
+        for rank, sock in list(self.pmi_socks.items()):
+            if self.channels.ours.get(rank) is not sock:
+                self.poller.unregister(sock)
+                del self.pmi_socks[rank]
+        for rank, sock in self.channels.ours.items():
+            flags = zmq.POLLIN | (zmq.POLLOUT if rank in want_write else 0)
+            if rank in self.pmi_socks:
+                self.poller.modify(sock, flags)
+            else:
+                self.poller.register(sock, flags)
+                self.pmi_socks[rank] = sock
+
+    def handle_pmi(self, outputs: list[Output]) -> None:
+        assert self.channels is not None
+        for o in outputs:
+            if isinstance(o, Send):
+                self.channels.send(o)
+            elif isinstance(o, Abort):
+                # An abort is a failure whatever code it names: a code outside 1..255 would
+                # read as success (0) or be cut to 8 bits by a shell; it becomes 1.
+                code = o.code if 1 <= o.code <= 255 else 1
+                self.pmi_failure(f"rank {o.rank} called PMI abort with exit code {o.code}"
+                                 + (f": {o.message}" if o.message else ""), code)
+            elif isinstance(o, ProtocolError):
+                msg = o.message if o.message.startswith(f"rank {o.rank} ") else (
+                    f"rank {o.rank}: {o.message}")
+                self.pmi_failure(f"PMI protocol error: {msg}", None)
+            elif isinstance(o, Broken):
+                self.pmi_failure(o.message, None)
+            elif isinstance(o, Finalized):
+                log.debug("rank %d finalized PMI", o.rank)
+        self.sync_pmi_registrations()
+
+    def pmi_failure(self, reason: str, exit_code: int | None) -> None:
+        if self.step.force_failure(reason, exit_code):
+            log.warning("ending the step: %s", reason)
+        self.kill_ranks(reason)
+
+    def kill_ranks(self, why: str) -> None:
+        if self.pmi is not None:
+            self.pmi.step_failing(why)  # before the kills: their deaths are not the cause
+        live = self.step.live_pids()
+        if live:
+            log.warning("%s: killing ranks %s", why,
+                        [t.rank for t in self.step.tasks if t.pid in live])
+        for task in self.step.tasks:
+            if task.pid in live:
+                task.killed_by_step = True
+                killpg(task.pid, signal.SIGKILL)

@@ -1,0 +1,176 @@
+"""The end of a running step: reaping tasks, draining leftovers, writing the exit record.
+
+``reap`` drains ``waitid`` (SIGCHLD coalesces) and kills a dead leader's process group while the
+leader is still an unreaped zombie, so the group id cannot have been reused. Once every task is
+reaped the step drains: the cgroup is killed until empty, and children re-parented to us (we are
+a subreaper) are found by a scan off the loop (sweeper.py) and killed by pid, which is safe while
+they are unreaped. ``finish`` then writes the exit record and lingers for the agent's ``ack``.
+A mixin of ``service.Supervisor``; its state is ``state.py``'s.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+
+from tether.shared.procid import all_processes
+from tether.shared.timers import rfc3339_now
+from tether.supervisor.state import SupervisorState, killpg
+from tether.supervisor.step import Phase, signal_name
+
+log = logging.getLogger("tether.supervisor")
+
+#: How long to wait for killed leftovers to be reaped before writing the record anyway.
+DRAIN_TIMEOUT = 10.0
+#: How often a step's cgroup is looked at while its killed processes leave it.
+DRAIN_POLL = 0.005
+
+
+class Reaping(SupervisorState):
+    """Reaping tasks, draining leftovers and ending the step."""
+
+    def reap(self) -> None:
+        by_pid = {t.pid: t for t in self.step.tasks if t.pid and not t.done}
+        while True:
+            try:
+                info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            except ChildProcessError:
+                break
+            if info is None or info.si_pid == 0:
+                break
+            pid = info.si_pid
+            task = by_pid.pop(pid, None)
+            if task is not None:
+                # The leader is a zombie, so its pid (= its group id) is still ours to kill.
+                killpg(pid, signal.SIGKILL)
+            try:
+                _, status, rusage = os.wait4(pid, os.WNOHANG)
+            except ChildProcessError:
+                continue
+            self.sweeper.note_reaped(pid)
+            self.launcher.reaped(pid, status)
+            if task is not None:
+                task.record_status(status, rusage)
+                self.step.note_exit(task)
+                how = (f"killed by {signal_name(task.signal)}" if task.signal is not None
+                       else f"exited with code {task.exit_code}")
+                log.info("task %d (pid %d) %s", task.rank, pid, how)
+                self.emit("task_exited", rank=task.rank, pid=pid, exit_code=task.exit_code,
+                          signal=task.signal)
+                if self.pmi is not None:
+                    self.handle_pmi(self.pmi.rank_exited(task.rank, not task.failed))
+                    if task.failed:
+                        # MPI semantics: one failed rank ends the step; the rest are killed.
+                        self.kill_ranks(f"rank {task.rank} {how}")
+        if self.step.phase is Phase.RUNNING and self.step.all_done:
+            self.step.advance(Phase.DRAINING)
+            if self.kill_timer:
+                self.kill_timer.cancel()
+            if self.limit_timer:
+                self.limit_timer.cancel()
+                self.limit_timer = None
+            self.drain_timer = self.timers.at(time.monotonic() + DRAIN_TIMEOUT, self.finish)
+        if self.step.phase is Phase.DRAINING:
+            self.cgroup_drained()  # kills what is left in the cgroup, the sooner the better
+            self.sweeper.start()  # answered in swept(), on this loop
+
+    def cgroup_drained(self) -> bool:
+        """Is the step's cgroup empty? If not, kill what is in it and look again shortly (a
+        killed process that is not our child sends no SIGCHLD)."""
+        if not self.cgroup.active or self.cgroup.empty():
+            return True
+        self.cgroup.kill()
+        if self.cgroup.empty():
+            return True
+        if self.drain_check is None:
+            def again() -> None:
+                self.drain_check = None
+                self.reap()
+            self.drain_check = self.timers.at(time.monotonic() + DRAIN_POLL, again)
+        return False
+
+    def swept(self) -> None:
+        """The scan for leftover children is in: SIGKILL them; the step ends once a scan
+        that no reap overtook finds none. Their deaths reap, and reaping scans again."""
+        try:
+            found = self.sweeper.result()
+        except OSError as exc:  # /proc unreadable: the drain timer still ends the step
+            log.error("cannot look for leftover processes: %s", exc)
+            return
+        for f in found:
+            if f.dead:
+                continue
+            try:
+                os.kill(f.pid, signal.SIGKILL)  # unreaped, so still our child: safe by pid
+                log.info("killed leftover process %d", f.pid)
+            except OSError as exc:  # gone meanwhile, or setuid: counted, logged
+                log.warning("cannot kill leftover process %d: %s", f.pid, exc)
+        self.leftovers = len(found)
+        if self.step.phase is not Phase.DRAINING:
+            return
+        if self.sweeper.again:
+            self.sweeper.start()
+        elif not found and self.cgroup_drained():
+            self.finish()
+
+    def sweep_now(self) -> int:
+        """SIGKILL every remaining child (adopted daemons), on the spot; return how many are
+        left. Only for a supervisor giving up: nothing reaps meanwhile, nothing waits."""
+        me = os.getpid()
+        left = 0
+        for st in all_processes():
+            if st.ppid == me:
+                left += 1
+                if not st.dead:
+                    try:
+                        os.kill(st.pid, signal.SIGKILL)
+                        log.info("killed leftover process %d", st.pid)
+                    except OSError as exc:  # gone meanwhile, or setuid: counted, logged
+                        log.warning("cannot kill leftover process %d: %s", st.pid, exc)
+        return left
+
+    def finish(self) -> None:
+        if self.step.phase is not Phase.DRAINING:
+            return
+        if self.drain_timer:
+            self.drain_timer.cancel()
+        left = self.leftovers
+        if left:
+            log.error("%d leftover process(es) survived SIGKILL for %gs; ending the step anyway",
+                      left, DRAIN_TIMEOUT)
+        if self.drain_check is not None:
+            self.drain_check.cancel()
+            self.drain_check = None
+        if self.cgroup.active:
+            if not self.cgroup.empty():
+                log.error("processes %s are still in the step's cgroup after %gs; ending the "
+                          "step anyway", sorted(self.cgroup.procs()), DRAIN_TIMEOUT)
+            if self.cgroup.oom_kills() and self.cgroup.memory_mb:
+                self.step.oom_mb = self.cgroup.memory_mb
+                log.warning("the OOM killer took %d process(es) of the step (limit %d MB)",
+                            self.cgroup.oom_kills(), self.cgroup.memory_mb)
+        self.step.ended_at = rfc3339_now()
+        self.step.advance(Phase.EXITED)
+        self.write_record()
+        if self.cgroup.active and not self.cgroup.remove():
+            log.error("cannot remove the step's cgroup %s", self.cgroup.dirs)
+        log.info("step ended: %s", self.record)
+        assert self.record is not None
+        self.emit("step_ended", state=self.record["state"], exit_code=self.record["exit_code"],
+                  signal=self.record["signal"], reason=self.record["reason"])
+        self.release_waiters()
+        linger = float(self.spec["linger"])
+        self.timers.at(time.monotonic() + linger, self.linger_expired)
+
+    def linger_expired(self) -> None:
+        if not self.record_durable:
+            # The result exists only in this process: exiting would lose it.
+            log.warning("no agent acknowledged the result and it is not on disk yet; "
+                        "staying another %gs", self.spec["linger"])
+            self.timers.at(time.monotonic() + float(self.spec["linger"]), self.linger_expired)
+            return
+        log.warning("no agent acknowledged the result within %gs; exiting and leaving the "
+                    "exit record at %s", self.spec["linger"], self.rd.sentinel)
+        self.running = False

@@ -1,0 +1,139 @@
+"""Re-executing the supervisor into the installed release (``upgrade``), and resuming after it.
+
+``request_upgrade`` checks that the installed build starts; the loop then calls ``reexec``, which
+answers everything parked, hands the state across exec (handover.py) and execs; a failed exec
+carries on as before. The new image calls ``restore`` with that state before its loop starts.
+The listening sockets (ROUTER and door) stay open across the exec. A mixin of
+``service.Supervisor``; its state is ``state.py``'s.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import sys
+from typing import Any
+
+import zmq
+
+import tether
+from tether.shared import protocol
+from tether.shared.door import Door
+from tether.shared.errors import LaunchError, StateError
+from tether.supervisor import handover
+from tether.supervisor.pmi_io import PmiChannels
+from tether.supervisor.state import CLOSE_LINGER_MS, IGNORED_SIGNALS, TERMINATING, SupervisorState
+from tether.supervisor.step import Phase
+
+log = logging.getLogger("tether.supervisor")
+
+
+class Reexec(SupervisorState):
+    """Re-executing into the installed release, and resuming from the previous image."""
+
+    def restore(self, state: dict[str, Any], upgraded_from: str) -> None:
+        """Take over the state the previous image of this process handed across exec."""
+        self.resumed = True
+        self.upgraded_from = upgraded_from
+        self.generation = int(state["generation"])
+        self.step = state["step"]
+        self.events = state["events"]
+        self.record = state["record"]
+        self.final_sizes = state["final_sizes"]
+        self.task_end_boottime = state["task_end_boottime"]
+        self.launcher.readers = dict(state["readers"])
+        self.listen_fd = int(state["listen_fd"])
+        self.door_fd = int(state.get("door_fd", -1))
+        for fd in handover.kept_fds(state, self.lock_fd):
+            os.set_inheritable(fd, False)  # a task started later must not inherit any
+        if state["pmi"] is not None:
+            self.pmi = state["pmi"]["server"]
+            assert self.pmi is not None
+            self.channels = PmiChannels(self.pmi)
+            for rank, fd in state["pmi"]["ours"].items():
+                sock = socket.socket(fileno=fd)
+                sock.setblocking(False)
+                self.channels.ours[int(rank)] = sock
+            for rank, data in state["pmi"]["pending"].items():
+                self.channels.pending[int(rank)] = bytearray(data)
+            self.sync_pmi_registrations()
+        timers = state["timers"]
+        if "claim" in timers:
+            self.claim_timer = self.timers.at(timers["claim"], self.claim_expired)
+        if "kill" in timers:
+            self.kill_timer = self.timers.at(timers["kill"], self.kill_now)
+        if "limit" in timers:
+            self.limit_timer = self.timers.at(timers["limit"], self.time_limit_reached)
+
+    def request_upgrade(self) -> str:
+        """The ``upgrade`` verb: check the installed build can take over; exec after the reply."""
+        if self.step.phase not in (Phase.READY, Phase.RUNNING):
+            raise StateError(f"step {self.rd.job}.{self.rd.attempt} is "
+                             f"{self.step.phase.value}: there is nothing left to upgrade")
+        try:
+            # Blocks the loop for one interpreter start (~0.2 s): an operator's explicit act,
+            # and it proves the installed build starts before this process bets its life on it.
+            target = handover.probe_installed()
+        except handover.HandoverError as exc:
+            raise StateError(f"not upgrading: {exc}") from None
+        self.upgrade_requested = True
+        return target
+
+    def router_path(self) -> str:
+        """Where the ROUTER listens: ``ctl/sock``; for an image resumed from before the doors,
+        ``sock``, where that one bound it (its listening socket came across the exec)."""
+        return self.rd.ctl_sock if self.door_fd >= 0 else self.rd.sock
+
+    def open_door(self) -> Door | None:
+        if self.door_fd < 0:
+            return None
+        return Door(self.rd.sock, self.timers, self.on_door_request, name="supervisor door",
+                    log=log, on_close=self.on_door_close, listen_fd=self.door_fd,
+                    privileged=frozenset({0, os.getuid(), int(self.spec["agent_uid"])}))
+
+    def reexec(self, ctx: zmq.Context[Any]) -> zmq.Context[Any]:
+        """Answer everything parked, hand the state over and exec. Returns only on failure."""
+        assert self.router is not None
+        for p in self.waiters.take(None):
+            self.reply(p.peer, protocol.ok(p.rid, {"done": False, "upgrading": True}))
+        for f in self.followers.take(None):
+            self.answer_follower(f, upgrading=True)
+        for w in self.event_waiters.take(None):
+            self.answer_event_waiter(w, upgrading=True)
+        if self.opener is not None:  # a launch still opening files: the agent claims again
+            self.opener.kill()
+            self.drop_opener()
+        for p in self.claims.take(None):
+            self.reply(p.peer, protocol.error(p.rid, LaunchError("upgrading; claim again")))
+        state = handover.capture(self)
+        state_fd = handover.write_state(state)
+        keep = handover.kept_fds(state, self.lock_fd)
+        blocked = {signal.SIGCHLD, *TERMINATING, *IGNORED_SIGNALS}
+        signal.pthread_sigmask(signal.SIG_BLOCK, blocked)
+        self.poller.unregister(self.router)
+        self.router.close(linger=CLOSE_LINGER_MS)  # the replies above leave first
+        ctx.term()
+        if self.door is not None:  # its listening socket stays open (door_fd) for the next image
+            self.poller.unregister(self.door.fileno())
+            self.door.close(unlink=False)
+            self.door = None
+        for fd in keep:
+            os.set_inheritable(fd, True)
+        log.info("re-executing into the installed tether (generation %d)", self.generation + 1)
+        try:
+            os.execv(sys.executable, handover.argv(self, state_fd))
+        except OSError as exc:
+            log.error("exec failed: %s; carrying on as tether %s", exc, tether.__version__)
+        for fd in keep:
+            os.set_inheritable(fd, False)
+        os.close(state_fd)
+        ctx = zmq.Context()
+        self.router = handover.bind_router(ctx, self.router_path(), self.listen_fd)
+        self.poller.register(self.router, zmq.POLLIN)
+        self.door = self.open_door()
+        if self.door is not None:
+            self.poller.register(self.door.fileno(), zmq.POLLIN)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, blocked)
+        return ctx

@@ -1,0 +1,89 @@
+"""The supervisor's requests: both transports, one dispatch, and the /proc scans some wait for.
+
+The agent speaks on the ZeroMQ ROUTER in ctl/, people through the door; every request from either
+goes through ``handle`` into ``handlers.dispatch`` (one table, one authorization), and every reply
+leaves through ``reply`` on the transport it came in on. ``pids`` and ``stats`` need a /proc scan
+that begins after the request: it runs on a thread (sweeper.Scan) and the reply is computed on the
+loop when the scan is in. A mixin of ``service.Supervisor``; its state is ``state.py``'s.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, cast
+
+from tether.shared import protocol, wire
+from tether.shared.door import Conn, answer
+from tether.shared.errors import TetherError
+from tether.supervisor import handlers
+from tether.supervisor.state import Peer, ScanReply, SupervisorState
+
+if TYPE_CHECKING:
+    from tether.supervisor.service import Supervisor
+
+log = logging.getLogger("tether.supervisor")
+
+#: How long a ``pids`` or ``stats`` request waits for its /proc scan before it is answered busy.
+SCAN_HOLD = 10.0
+
+
+class Requests(SupervisorState):
+    """Both transports' requests, their replies and the /proc scans they wait for."""
+
+    def serve(self) -> None:
+        """The agent's requests, on the ZeroMQ ROUTER in ctl/."""
+        assert self.router is not None
+        while (msg := wire.receive(self.router)) is not None:
+            self.handle(*msg)
+
+    def on_door_request(self, conn: Conn, req: protocol.Request) -> None:
+        self.handle(conn, req)
+
+    def on_door_close(self, conn: Conn) -> None:
+        for lot in (self.waiters, self.followers, self.event_waiters, self.claims,
+                    self.scan_waiters):
+            lot.drop_peer(conn.key)
+
+    def handle(self, peer: Peer, req: protocol.Request) -> None:
+        """One request from either transport: the same verbs, the same authorization."""
+        sup = cast("Supervisor", self)  # this part exists only mixed into a Supervisor
+        answer(lambda: handlers.dispatch(sup, peer, req), req, peer,
+               lambda r: self.reply(peer, r), log, handlers.PENDING, self.door)
+
+    def after_scan(self, peer: Peer, rid: protocol.RequestId, compute: ScanReply) -> None:
+        """Answer a request with ``compute(processes)`` from a /proc scan that begins after
+        it (``pids``, ``stats``): the scan runs on a thread, the reply is computed here."""
+        if not self.scans.busy:
+            self.scan_seq += 1
+        need = self.scan_seq if not self.scans.busy else self.scan_seq + 1
+        self.scans.start()  # now, or as the next one when the running one is in
+        self.scan_waiters.park(need, peer, rid, SCAN_HOLD, compute, lambda p: self.reply(
+            p.peer, protocol.error(p.rid, TetherError(
+                f"reading /proc took longer than {SCAN_HOLD:g}s; try again"))))
+
+    def scanned(self) -> None:
+        try:
+            procs, failed = self.scans.result(), None
+        except OSError as exc:
+            procs, failed = [], TetherError(f"cannot read /proc: {exc}")
+        for p in self.scan_waiters.take(self.scan_seq):
+            try:
+                if failed is not None:
+                    raise failed
+                reply = protocol.ok(p.rid, p.value(procs))
+            except TetherError as exc:
+                reply = protocol.error(p.rid, exc)
+            except Exception:  # as for any handler: a bug is answered, never sent
+                log.exception("computing a reply from a /proc scan")
+                reply = protocol.error(p.rid, TetherError("internal error"))
+            self.reply(p.peer, reply)
+        if self.scans.again:
+            self.scan_seq += 1
+            self.scans.start()
+
+    def reply(self, peer: Peer, reply: protocol.Reply) -> None:
+        if isinstance(peer, Conn):
+            if self.door is not None:
+                self.door.send(peer, reply)
+        elif self.router is not None:
+            wire.send(self.router, peer, reply)

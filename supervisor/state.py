@@ -1,0 +1,229 @@
+"""The supervisor's state, shared by the parts of ``service.Supervisor``.
+
+The supervisor is one object on one loop, but its code is split by what it does: the loop
+(service.py), requests (requests.py), the launch (claims.py), ending a step (terminating.py,
+reaping.py), PMI (pmi_loop.py), records (recording.py), long polls (follow.py) and re-executing
+(reexec.py). Each part is a mixin of ``SupervisorState``, which holds every attribute (one
+``__init__``, so the whole state is read in one place) and declares the methods one part calls in
+another, so that each part type-checks on its own. ``Supervisor`` inherits all the parts, which
+come before this class in its MRO: the declarations below are never what runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import zmq
+
+from tether.shared import faults, protocol
+from tether.shared.cgroup import StepCgroup
+from tether.shared.door import Conn, Door
+from tether.shared.parking import Lot, Parked
+from tether.shared.paths import RunDir
+from tether.shared.procid import ProcId
+from tether.shared.timers import Timer, Timers
+from tether.supervisor import handlers, introspect
+from tether.supervisor.launch import Launcher, Opener
+from tether.supervisor.pmi import Output, PmiServer
+from tether.supervisor.pmi_io import PmiChannels, clean_env
+from tether.supervisor.step import Step
+from tether.supervisor.sweeper import HOLD, HOLD_SCAN, Scan, Sweeper
+
+log = logging.getLogger("tether.supervisor")
+
+#: How long the final reply (to ack) may take to leave before the socket is dropped.
+CLOSE_LINGER_MS = 1000
+TERMINATING = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+IGNORED_SIGNALS = (signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+
+Peer = handlers.Peer
+#: computes a reply from a /proc scan's processes (``after_scan``)
+ScanReply = Callable[[list[introspect.ProcSample]], Any]
+
+
+@dataclass(frozen=True)
+class Follow:
+    """What a parked ``output`` follow request wants."""
+
+    streams: tuple[str, ...]
+    offsets: dict[str, int]
+
+
+class SupervisorState:
+    """Every attribute of a supervisor, and the methods its parts call in one another."""
+
+    def __init__(self, rd: RunDir, spec: dict[str, Any], lock_fd: int,
+                 ready_fd: int = -1) -> None:
+        self.rd = rd
+        self.spec = spec
+        self.lock_fd = lock_fd
+        #: the agent's ready pipe: one byte once the socket is bound, so that the agent connects
+        #: then, and its hello and claim arrive at once rather than at a reconnect retry
+        self.ready_fd = ready_fd
+        #: "warm" (forked from the template) or "cold" (a Python start of its own)
+        self.start_kind = "cold"
+        self.step = Step(job=rd.job, attempt=rd.attempt, ntasks=spec["ntasks"])
+        self.pmi: PmiServer | None = None
+        self.channels: PmiChannels | None = None
+        if spec.get("pmi", "none") != "none":
+            self.pmi = PmiServer(size=spec["ntasks"], jobid=f"{rd.job}.{rd.attempt}",
+                                 kvsname=f"tether-{rd.job}.{rd.attempt}")
+            self.channels = PmiChannels(self.pmi)
+            self.launcher = Launcher(self.channels.prepare, self.channels.spawned, clean_env)
+        else:
+            self.launcher = Launcher()
+        #: the step's cgroup (mode none: tracked by process group and session alone)
+        self.cgroup = StepCgroup(spec.get("cgroup") or {"mode": "none"})
+        #: the job's owner: its tasks' uid (``--user``), else the agent's
+        self.owner_uid = int(spec.get("uid", spec["agent_uid"]))
+        #: the step's events, in order (``events`` verb): task started, task exited, step ended
+        self.events: list[dict[str, Any]] = []
+        self.poller = zmq.Poller()
+        self.pmi_socks: dict[int, socket.socket] = {}  # rank -> our end, as registered
+        self.timers = Timers()
+        self.ident = ProcId.of(os.getpid())
+        self.session = os.getsid(0)
+        #: parked ``wait`` (the agent), ``output`` follows and ``events`` (value: ``after``)
+        self.waiters: Lot[None, None] = Lot(self.timers)
+        #: ``claim`` requests waiting for the opener and the launch
+        self.claims: Lot[None, None] = Lot(self.timers)
+        self.opener: Opener | None = None
+        self.opener_timer: Timer | None = None
+        self.followers: Lot[None, Follow] = Lot(self.timers)
+        self.event_waiters: Lot[None, int] = Lot(self.timers)
+        self.record: dict[str, Any] | None = None
+        self.running = True
+        self.remove_rundir = False
+        #: the exit record is on disk (fsync'd); until then only this process holds it
+        self.record_durable = False
+        self.kill_timer: Timer | None = None
+        #: the job's time limit, armed at launch: SIGTERM, then SIGKILL after the grace
+        self.limit_timer: Timer | None = None
+        self.drain_timer: Timer | None = None
+        self.drain_check: Timer | None = None
+        #: finds leftover children while draining, off the loop (sweeper.py)
+        self.sweeper = Sweeper(rd.path if faults.supervisor_fault(HOLD) else None)
+        #: children found by the last scan, killed and not yet reaped
+        self.leftovers = 0
+        me, session = os.getpid(), os.getsid(0)
+        #: the /proc scans behind ``pids`` and ``stats``, off the loop; ``scan_seq`` numbers
+        #: them (the one running or last started), and requests wait under the one they need
+        self.scans = Scan(lambda: introspect.snapshot(me, session),
+                          (rd.path, "scan") if faults.supervisor_fault(HOLD_SCAN) else None)
+        self.scan_seq = 0
+        self.scan_waiters: Lot[int, ScanReply] = Lot(self.timers)
+        self.claim_timer: Timer | None = None
+        self.router: zmq.Socket[Any] | None = None
+        self.door: Door | None = None
+        self.follow_timer: Timer | None = None
+        #: (peer key, verb) -> when a follower was last answered without ``ended``
+        self.streams: dict[tuple[Any, str], float] = {}
+        #: the output files' sizes when the step ended: what ``ended`` means for followers
+        self.final_sizes: dict[str, int] | None = None
+        #: rank -> CLOCK_BOOTTIME seconds when the task was reaped (for ``stats``' elapsed)
+        self.task_end_boottime: dict[int, float] = {}
+        self.ack_deadline: float | None = None
+        #: how many times this process re-executed itself (``upgrade``): same pid, new image
+        self.generation = 0
+        #: the listening socket the ROUTER is bound on; kept across exec (handover.py)
+        self.listen_fd = -1
+        #: the door's listening socket; kept across exec too. -1 after resuming from an image
+        #: of before the doors (handover format 1): that one keeps its ROUTER on ``sock``
+        self.door_fd = -1
+        self.upgrade_requested = False
+        #: the release this process ran before its last re-exec, if any
+        self.upgraded_from: str | None = None
+        self.resumed = False
+
+    # ---- implemented by the parts (see the module's docstring) ---------------------------
+
+    # claims.py
+    def abort(self, reason: str, *, cancel: bool, keep_record: bool) -> None:
+        raise NotImplementedError
+
+    def claim_expired(self) -> None:
+        raise NotImplementedError
+
+    def drop_opener(self) -> None:
+        raise NotImplementedError
+
+    def kill_cgroup(self) -> None:
+        raise NotImplementedError
+
+    # follow.py
+    def answer_event_waiter(self, w: Parked[int], *, force: bool = True,
+                            upgrading: bool = False) -> bool:
+        raise NotImplementedError
+
+    def answer_follower(self, f: Parked[Follow], *, force: bool = True,
+                        upgrading: bool = False) -> bool:
+        raise NotImplementedError
+
+    def release_waiters(self) -> None:
+        raise NotImplementedError
+
+    def wake_event_waiters(self, *, force: bool = False) -> None:
+        raise NotImplementedError
+
+    def wake_followers(self, *, force: bool = False) -> None:
+        raise NotImplementedError
+
+    # pmi_loop.py
+    def handle_pmi(self, outputs: list[Output]) -> None:
+        raise NotImplementedError
+
+    def kill_ranks(self, why: str) -> None:
+        raise NotImplementedError
+
+    def sync_pmi_registrations(self) -> None:
+        raise NotImplementedError
+
+    # reaping.py
+    def reap(self) -> None:
+        raise NotImplementedError
+
+    # recording.py
+    def build_record(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def emit(self, kind: str, **fields: Any) -> None:
+        raise NotImplementedError
+
+    def step_over(self) -> None:
+        raise NotImplementedError
+
+    def write_manifest(self, *, launching: bool = False) -> bool:
+        raise NotImplementedError
+
+    def write_record(self) -> None:
+        raise NotImplementedError
+
+    # requests.py
+    def on_door_close(self, conn: Conn) -> None:
+        raise NotImplementedError
+
+    def on_door_request(self, conn: Conn, req: protocol.Request) -> None:
+        raise NotImplementedError
+
+    def reply(self, peer: Peer, reply: protocol.Reply) -> None:
+        raise NotImplementedError
+
+    # terminating.py
+    def kill_now(self) -> None:
+        raise NotImplementedError
+
+    def time_limit_reached(self) -> None:
+        raise NotImplementedError
+
+
+def killpg(pgid: int, sig: int) -> None:
+    """Signal a process group that may be gone already (or, after setuid, not ours)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
