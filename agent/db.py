@@ -7,7 +7,7 @@ Group commit. Each write is its own transaction, as before (so a full disk fails
 alone), but a commit does not fsync (``synchronous=NORMAL``: it is in the kernel's page cache,
 which survives the agent's death). At the end of each turn of its loop the agent has the WAL
 fsync'd (``fsync_wal``, on its sync thread, agent/syncer.py) before anything of that turn is
-told to anyone or done to a process (daemon.py holds those until then): one fsync makes every
+told to anyone or done to a process (group_commit.py holds those until then): one fsync makes every
 commit before it durable against a power cut. Checkpoints sync the WAL and the database as
 before.
 """

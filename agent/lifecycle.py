@@ -6,7 +6,7 @@ failed while the supervisor still holds its run directory's lock (``LinkError``)
 found gone with the run directory's verdict (``Gone``), a cancel, a retry deadline, and at
 reattach what the agent found (``Conflict``, ``Restored``, ``NoRunDir``, ``LockHeld``).
 ``step(machine, event)`` returns the next machine and the effects the agent must perform, in
-order. The agent (``daemon.py``) performs them and feeds what it learns back; this module does
+order. The agent (``effects.py``) performs them and feeds what it learns back; this module does
 no I/O, reads no clock and holds no reference to a socket.
 
 Effects that change the database come first in any list (``Kill`` excepted: killing a lost

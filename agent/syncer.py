@@ -1,7 +1,7 @@
 """Group commit off the agent's loop: one thread fsyncs the database while the loop goes on (I/O).
 
 Theory of operation. At the end of each turn the loop hands over the turn's held actions (the
-replies, spawns and requests that must wait until the turn's commits are durable, daemon.py
+replies, spawns and requests that must wait until the turn's commits are durable, group_commit.py
 ``hold``) as one batch. The thread takes every batch queued so far, makes the database durable
 with one fsync (an fsync covers every commit made before it started, so batches queued
 meanwhile share it), and hands the batches back, in order, through a wakeup socket the loop

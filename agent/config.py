@@ -1,0 +1,54 @@
+"""What an agent is configured with (``tether agent``'s options), the host facts its defaults
+come from, and the error that stops it.
+
+Apart from daemon.py so that the command line (cli/cmd_agent.py) and the agent's parts
+(group_commit.py raises ``AgentError``) share them without importing the loop.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tether.agent.cluster import ClusterConfig
+
+
+@dataclass
+class AgentConfig:
+    state_dir: str
+    cpu_ids: list[int]
+    gpus: int
+    memory_mb: int
+    node: str
+    cancel_grace: float = 10.0
+    #: time limits (seconds): given to a job submitted without one; the most a job may ask for
+    default_time: float | None = None
+    max_time: float | None = None
+    claim_timeout: float = 120.0
+    linger: float = 3600.0
+    faults: frozenset[str] = field(default_factory=frozenset)
+    cluster: ClusterConfig | None = None
+    #: auto, v2, v1 or none (shared/cgroup.py)
+    cgroup: str = "auto"
+    cgroup_base: str | None = None  #: None: contain.default_base(state_dir)
+    default_memory_mb: int = 0
+
+
+class AgentError(Exception):
+    """The agent cannot go on (its state directory is refused or taken, its database cannot be
+    made durable): it stops with this one-line reason."""
+
+
+def allowed_cpus() -> list[int]:
+    return sorted(os.sched_getaffinity(0))
+
+
+def memory_mb() -> int:
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) // 1024
+    return 0
+
