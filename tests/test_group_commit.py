@@ -1,5 +1,6 @@
 """Group commit: the agent makes each turn's writes durable with one sync and tells nobody
-anything of that turn before it (agent/group_commit.py ``hold`` and ``flush``, agent/db.py ``sync``).
+anything of that turn before it (agent/group_commit.py ``hold`` and ``flush``, agent/db.py
+``sync``).
 
 The fault ``crash-before-sync[:N]`` SIGKILLs the agent at its Nth sync that has replies or
 other actions held: after the turn's commits, before the fsync and before anything held went
