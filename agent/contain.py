@@ -32,6 +32,17 @@ def default_base(state_dir: str) -> str:
     return "tether-" + hashlib.sha256(state_dir.encode()).hexdigest()[:8]
 
 
+def remove_all(base: str) -> None:
+    """Kill everything in the steps' cgroups under ``base`` (an agent's ``--cgroup-base``) in
+    every hierarchy, and remove them with the base: what tests, benchmarks and the demo do after
+    their agents (a running agent cleans its own steps; root only, else nothing to do)."""
+    if os.geteuid() != 0:
+        return
+    for mode in ("v1", "v2"):
+        for path in cgroup.base_dirs(cgroup.probe(mode), base).values():
+            cgroup.remove_tree(path)
+
+
 def check_base(base: str) -> str:
     parts = [p for p in base.split("/") if p]
     if not parts or any(p in (".", "..") for p in parts):

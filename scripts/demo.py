@@ -24,15 +24,10 @@ def say(text: str) -> None:
 
 
 def remove_cgroups(state: str) -> None:
-    """The steps' cgroups the demo's agent made (under its default base), and the base."""
-    if os.geteuid() != 0:
-        return
-    from tether.agent.contain import default_base
-    from tether.shared import cgroup
+    """The steps' cgroups an agent on ``state`` made (its default base), and the base."""
+    from tether.agent import contain
 
-    for mode in ("v1", "v2"):
-        for path in cgroup.base_dirs(cgroup.probe(mode), default_base(state)).values():
-            cgroup.remove_tree(path)
+    contain.remove_all(contain.default_base(state))
 
 
 def main() -> int:

@@ -14,8 +14,8 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from tether.agent.contain import default_base
-from tether.shared import cgroup, framing, protocol, records
+from tether.agent import contain
+from tether.shared import framing, protocol, records
 from tether.shared.paths import Layout, RunDir
 from tether.shared.procid import ProcId, all_processes, proc_stat
 
@@ -312,18 +312,8 @@ class Node:
         for st in all_processes():
             if st.session in sessions and st.pid != os.getpid():
                 _kill(st.pid)
-        remove_cgroups(default_base(self.state))
+        contain.remove_all(contain.default_base(self.state))
         shutil.rmtree(self.dir, ignore_errors=True)
-
-
-def remove_cgroups(base: str) -> None:
-    """Kill everything in the steps' cgroups under ``base`` (an agent's ``--cgroup-base``) in
-    every hierarchy, and remove them with the base."""
-    if os.geteuid() != 0:
-        return
-    for mode in ("v1", "v2"):
-        for path in cgroup.base_dirs(cgroup.probe(mode), base).values():
-            cgroup.remove_tree(path)
 
 
 def _kill(pid: int) -> None:
