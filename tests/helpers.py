@@ -313,7 +313,33 @@ class Node:
             if st.session in sessions and st.pid != os.getpid():
                 _kill(st.pid)
         contain.remove_all(contain.default_base(self.state))
+
+        # A template still importing has no title yet, so template_pids() misses it; it then
+        # bound its socket into the state dir while rmtree emptied it, and lived on (its
+        # socket was still its own). Anything whose command line names the state dir dies
+        # first, and the directory goes once nothing is left to write into it.
+        def gone() -> bool:
+            for pid in self.strays():
+                _kill(pid)
+            return not self.strays()
+        poll_until(gone, 20, f"every process naming {self.state} to be gone")
         shutil.rmtree(self.dir, ignore_errors=True)
+
+    def strays(self) -> list[int]:
+        """Live processes whose command line names this node's state dir (a template before
+        its title, the detaching shell, agents started by hand)."""
+        found = []
+        me = os.getpid()
+        for st in all_processes():
+            if st.dead or st.pid == me:
+                continue
+            try:
+                with open(f"/proc/{st.pid}/cmdline", "rb") as f:
+                    if self.state.encode() in f.read():
+                        found.append(st.pid)
+            except OSError:
+                continue
+        return found
 
 
 def _kill(pid: int) -> None:

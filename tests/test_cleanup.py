@@ -92,3 +92,30 @@ def test_background_child_in_a_group_of_its_own_is_killed(started: Node) -> None
     st = proc_stat(bg.ident.pid)
     assert st is not None and st.pgrp == bg.ident.pid, "the child should lead its own group"
     _gone_after_end(node, job, bg)
+
+
+def test_node_cleanup_kills_a_template_that_has_no_title_yet() -> None:
+    """The test harness itself (a leak found in a full run): a template still importing (its
+    command line not yet its title) binds its socket while cleanup removes the state dir; it
+    must not survive the cleanup, nor the directory. Staged with a stand-in that has the
+    template's command line and binds late."""
+    import subprocess
+
+    node = Node()
+    sock = os.path.join(node.state, "template.sock")
+    os.makedirs(node.state)
+    late = subprocess.Popen(
+        [sys.executable, "-I", "-c",
+         "import os, socket, sys, time\n"
+         "while not os.path.exists(sys.argv[3] + '.go'): time.sleep(0.01)\n"
+         "s = socket.socket(socket.AF_UNIX); s.bind(sys.argv[3]); time.sleep(120)",
+         "-m", "--socket", sock], start_new_session=True)
+    try:
+        open(sock + ".go", "w").close()  # it binds as the cleanup runs
+        node.cleanup()
+        assert late.wait(timeout=10) == -signal.SIGKILL, "the stand-in template survived"
+        assert not os.path.exists(node.dir), os.listdir(node.dir)
+    finally:
+        if late.poll() is None:
+            late.kill()
+        late.wait()
