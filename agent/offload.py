@@ -15,12 +15,12 @@ import collections
 import contextlib
 import logging
 import queue
-import socket
 import threading
 from collections.abc import Callable
 from typing import Any
 
 from tether.shared.errors import Busy
+from tether.shared.wakeup import Wakeup
 
 log = logging.getLogger("tether.agent")
 
@@ -32,13 +32,11 @@ class Offload:
         self.queue: queue.Queue[tuple[Callable[[], Any], Done] | None] = queue.Queue(maxsize)
         self.results: collections.deque[tuple[Done, Any, BaseException | None]] = (
             collections.deque())
-        self.wake_r, self.wake_w = socket.socketpair()
-        self.wake_r.setblocking(False)
-        self.wake_w.setblocking(False)
+        self.wakeup = Wakeup()
         self.thread: threading.Thread | None = None
 
     def fileno(self) -> int:
-        return self.wake_r.fileno()
+        return self.wakeup.fileno()
 
     def submit(self, call: Callable[[], Any], done: Done, what: str) -> None:
         """Run ``call`` on the worker; ``done(result, error)`` runs later on the loop."""
@@ -54,9 +52,7 @@ class Offload:
 
     def service(self) -> None:
         """Run the callbacks of finished calls (on the loop)."""
-        with contextlib.suppress(BlockingIOError):
-            while self.wake_r.recv(4096):
-                pass
+        self.wakeup.drain()
         while self.results:
             done, result, error = self.results.popleft()
             try:
@@ -68,8 +64,7 @@ class Offload:
         if self.thread is not None:
             with contextlib.suppress(queue.Full):
                 self.queue.put_nowait(None)
-        self.wake_r.close()
-        self.wake_w.close()
+        self.wakeup.close()
 
     def _work(self) -> None:
         while (item := self.queue.get()) is not None:
@@ -78,5 +73,4 @@ class Offload:
                 self.results.append((done, call(), None))
             except BaseException as exc:  # handed to the loop, which decides
                 self.results.append((done, None, exc))
-            with contextlib.suppress(OSError):
-                self.wake_w.send(b"x")
+            self.wakeup.kick()

@@ -20,10 +20,10 @@ really holds).
 from __future__ import annotations
 
 import collections
-import contextlib
-import socket
 import threading
 from collections.abc import Callable
+
+from tether.shared.wakeup import Wakeup
 
 Action = Callable[[], None]
 
@@ -42,13 +42,11 @@ class Syncer:
         #: batches handed over and not yet handed back
         self.in_flight = 0
         self.stopping = False
-        self.wake_r, self.wake_w = socket.socketpair()
-        self.wake_r.setblocking(False)
-        self.wake_w.setblocking(False)
+        self.wakeup = Wakeup()
         self.thread: threading.Thread | None = None
 
     def fileno(self) -> int:
-        return self.wake_r.fileno()
+        return self.wakeup.fileno()
 
     def submit(self, actions: list[Action], sync: bool) -> None:
         """Hand over a batch: its actions come back from ``service`` once an fsync that
@@ -64,9 +62,7 @@ class Syncer:
     def service(self) -> list[Action]:
         """The actions of every batch made durable since the last call, in order (on the
         loop). Raises the ``OSError`` of a failed fsync."""
-        with contextlib.suppress(BlockingIOError):
-            while self.wake_r.recv(4096):
-                pass
+        self.wakeup.drain()
         if self.error is not None:
             raise self.error
         out: list[Action] = []
@@ -91,8 +87,7 @@ class Syncer:
                 out.extend(actions)
             self.todo.clear()
         self.in_flight = 0
-        self.wake_r.close()
-        self.wake_w.close()
+        self.wakeup.close()
         return out
 
     def _work(self) -> None:
@@ -111,7 +106,6 @@ class Syncer:
                     self.error = exc
                     batches = []
             self.done.extend(actions for actions, _ in batches)
-            with contextlib.suppress(OSError):
-                self.wake_w.send(b"x")
+            self.wakeup.kick()
             if self.error is not None:
                 return

@@ -20,9 +20,7 @@ may have passed them.
 
 from __future__ import annotations
 
-import contextlib
 import os
-import socket
 import threading
 import time
 from collections.abc import Callable
@@ -30,6 +28,7 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from tether.shared.procid import all_processes
+from tether.shared.wakeup import Wakeup
 
 #: test-only faults (``TETHER_SUPERVISOR_FAULT``): the scan thread, its scan done, creates
 #: ``sweep.held`` (``scan.held``) in the run directory and waits for ``sweep.go`` (``scan.go``)
@@ -52,8 +51,7 @@ class Scan(Generic[T]):
         self.read = read
         #: test fault: (directory, name): the thread, its scan done, waits (``_hold``)
         self.hold = hold
-        self.wake_r, self.wake_w = socket.socketpair()
-        self.wake_r.setblocking(False)
+        self.wakeup = Wakeup()
         self.thread: threading.Thread | None = None
         self.value: T | None = None
         self.error: BaseException | None = None
@@ -61,7 +59,7 @@ class Scan(Generic[T]):
         self.again = False
 
     def fileno(self) -> int:
-        return self.wake_r.fileno()
+        return self.wakeup.fileno()
 
     @property
     def busy(self) -> bool:
@@ -80,9 +78,7 @@ class Scan(Generic[T]):
 
     def result(self) -> T:
         """On the loop, once ``fileno`` is readable. Raises what the scan raised."""
-        with contextlib.suppress(BlockingIOError):
-            while self.wake_r.recv(64):
-                pass
+        self.wakeup.drain()
         assert self.thread is not None
         self.thread.join()
         self.thread = None
@@ -92,8 +88,7 @@ class Scan(Generic[T]):
         return self.value
 
     def close(self) -> None:
-        self.wake_r.close()
-        self.wake_w.close()
+        self.wakeup.close()
 
     def _run(self) -> None:
         try:
@@ -102,8 +97,7 @@ class Scan(Generic[T]):
                 _hold(*self.hold)
         except BaseException as exc:  # handed to the loop, which decides
             self.error = exc
-        with contextlib.suppress(OSError):
-            self.wake_w.send(b"x")
+        self.wakeup.kick()
 
 
 def children(me: int) -> list[Found]:
