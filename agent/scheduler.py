@@ -14,11 +14,11 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from tether.agent import lifecycle, schedule
 from tether.agent.db import Job, Queued
+from tether.shared import stamps
 from tether.shared.timers import Timer
 
 if TYPE_CHECKING:
@@ -166,16 +166,9 @@ class Scheduler:
     def running(self, job: Job) -> None:
         """The supervisor's own start of the tasks (recorded, or found at reattach): where
         its time limit counts from."""
-        self.run_info[job.id] = RunInfo(job.time_limit, _epoch(job.started_at), job.array_id)
+        self.run_info[job.id] = RunInfo(job.time_limit, stamps.epoch(job.started_at), job.array_id)
 
     def released(self, job_id: int) -> None:
         self.run_info.pop(job_id, None)
 
 
-def _epoch(stamp: str | None) -> float | None:
-    if not stamp:
-        return None
-    try:
-        return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None

@@ -28,13 +28,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from datetime import datetime
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench.common import ScratchAgent, kill_tree  # noqa: E402
 from tests.pgserver import ScratchPostgres  # noqa: E402
-from tether.shared import cluster_db  # noqa: E402
+from tether.shared import cluster_db, stamps  # noqa: E402
 from tether.shared.client import Client  # noqa: E402
 from tether.shared.cluster_sql import CHANNEL_JOB, FINAL  # noqa: E402
 from tether.shared.procid import proc_stat  # noqa: E402
@@ -49,7 +48,9 @@ def log(msg: str) -> None:
 
 
 def epoch(text: str) -> float:
-    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    value = stamps.epoch(text)
+    assert value is not None, f"not an RFC 3339 stamp: {text!r}"
+    return value
 
 
 def fields(command: list[str], work: str) -> dict[str, Any]:

@@ -13,9 +13,9 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from datetime import datetime
 from typing import Any, TypeVar
 
+from tether.shared import stamps
 from tether.shared.client import Client, probe_unix
 from tether.shared.errors import TetherError
 from tether.shared.paths import Layout
@@ -51,7 +51,9 @@ def poll_until(predicate: Callable[[], T], timeout: float, what: str,
 
 
 def rfc3339_epoch(text: str) -> float:
-    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    value = stamps.epoch(text)
+    assert value is not None, f"not an RFC 3339 stamp: {text!r}"
+    return value
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -6,17 +6,13 @@ import re
 import time
 from datetime import datetime
 
+from tether.shared import stamps
+
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 
-def parse_stamp(text: str | None) -> float | None:
-    """An agent's RFC 3339 timestamp (``...Z``) as epoch seconds; None stays None."""
-    if not text:
-        return None
-    try:
-        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
+#: an agent's RFC 3339 timestamp (``...Z``) as epoch seconds; None stays None
+parse_stamp = stamps.epoch
 
 
 def local(stamp: float | None) -> str:
