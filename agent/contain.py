@@ -10,6 +10,7 @@ The directories are computed from this agent's settings, never read from a file.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
@@ -89,6 +90,13 @@ class Containment:
             log.info("cgroups: %s, steps under %s%s", self.host.mode,
                      ", ".join(sorted(self.bases.values())),
                      f" ({self.host.note})" if self.host.note else "")
+
+    def stop(self) -> None:
+        """The agent is going: remove its base directories if no step is left in them (a busy
+        agent's stay for its steps and its next start). Never raises."""
+        for path in self.bases.values():
+            with contextlib.suppress(OSError):
+                os.rmdir(path)
 
     @property
     def mode(self) -> str:

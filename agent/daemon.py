@@ -214,6 +214,7 @@ class Agent:
         if self.door is not None:
             self.door.close()  # unlinks the socket only if it is still the one it bound
         self.offload.close()
+        self.contain.stop()
         self.ctx.term()
         if self.store is not None:
             self.store.close()

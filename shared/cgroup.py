@@ -168,6 +168,9 @@ class StepCgroup:
         """The directories and the memory limit (no swap beyond it). Raises CgroupError."""
         try:
             for kind, path in self.dirs.items():
+                # the agent's base too: an agent that stopped for good removes its empty base,
+                # and a step it had already claimed may start just after
+                os.makedirs(os.path.dirname(path), 0o755, exist_ok=True)
                 with contextlib.suppress(FileExistsError):
                     os.mkdir(path, 0o755)
                 if kind == "memory" and self.memory_mb:

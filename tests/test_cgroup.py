@@ -352,6 +352,51 @@ def test_no_cgroup_is_left_after_100_jobs(make_node: type[Node]) -> None:
     assert left_cgroups(node) == []
 
 
+
+def bases(node: Node) -> list[str]:
+    """The agent's base directories that exist, in every hierarchy."""
+    base = default_base(node.state)
+    return [d for host in (V1, V2) for d in cgroup.base_dirs(host, base).values()
+            if os.path.isdir(d)]
+
+
+@needs_cgroups
+def test_an_agent_that_stops_leaves_no_empty_base_and_keeps_a_busy_one(node: Node) -> None:
+    """An agent stopped with its jobs done removes its (empty) base in every hierarchy: agents
+    stopped for good left one directory per hierarchy on the host. Stopped while a job runs,
+    it keeps the base, and the job ends in its cgroup under the next agent."""
+    node.start()
+    job = node.submit("true")
+    assert node.wait_end(job)["state"] == "completed"
+    assert bases(node)
+    assert node.stop() == 0
+    assert bases(node) == [], "an idle agent left its cgroup base behind"
+
+    node.start()
+    job = node.submit("sh", "-c", "while [ ! -e go ]; do sleep 0.05; done")
+    node.wait_state(job, ("running",))
+    assert node.stop() == 0
+    assert [d for d in step_dirs(node, job) if os.path.isdir(d)], "the running step's cgroup"
+    node.start()
+    open(os.path.join(node.work, "go"), "w").close()
+    assert node.wait_end(job)["state"] == "completed"
+    poll_until(lambda: left_cgroups(node) == [], 20, "the step's cgroup to be removed")
+
+
+@needs_cgroups
+def test_a_step_starts_in_its_cgroup_when_the_base_went_away(node: Node) -> None:
+    """The base removed under a running agent (the agent before it stopped for good, an
+    operator): the next step makes it again instead of failing to start."""
+    node.start()
+    for d in bases(node):
+        os.rmdir(d)
+    job = node.submit("cat", "/proc/self/cgroup")
+    j = node.wait_end(job)
+    assert (j["state"], j["exit_code"]) == ("completed", 0), j
+    with open(j["output"]) as f:
+        assert default_base(node.state) + f"/{job}.1" in f.read()
+
+
 # ---- the degrade path ------------------------------------------------------------------------
 
 def test_status_says_which_cgroups(make_node: type[Node]) -> None:
