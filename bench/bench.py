@@ -113,16 +113,26 @@ def paired(runs: int, commands: dict[str, Callable[[], float]]) -> dict[str, Any
 
 
 def bench_cli(agent: Agent, runs: int) -> dict[str, Any]:
-    log(f"cli: {runs} rounds of submit --wait -- true / python3 -I -c pass"
+    log(f"cli: {runs} rounds of submit --wait -- true / python3 -I -c pass / in-process"
         + (" / srun" if slurm() else ""))
+
+    def in_process() -> float:  # the same job through this process's client: no CLI start
+        t0 = time.perf_counter()
+        job = agent.submit(["true"])
+        agent.call("wait", {"job": job, "hold": 30}, timeout=40)
+        return (time.perf_counter() - t0) * 1000
     cmds: dict[str, Callable[[], float]] = {
         "python": lambda: timed(REFERENCE),
         "tether": lambda: timed([*tether_cli(), "--state-dir", agent.state, "submit", "--wait",
                                  "--", "true"], cwd=agent.work),
+        "in_process": in_process,
     }
     if slurm():
         cmds["srun"] = lambda: timed(["srun", "-N1", "-n1", "true"])
-    return {"argv0": tether_cli()[0], **paired(runs, cmds)}
+    out = {"argv0": tether_cli()[0], **paired(runs, cmds)}
+    # what the command line adds to the job: its start, parsing, connecting, its exit
+    out["cli_own_ms"] = round(out["tether"]["median"] - out["in_process"]["median"], 1)
+    return out
 
 
 def bench_inspect(agent: Agent, runs: int) -> dict[str, Any]:

@@ -92,7 +92,11 @@ def report(r: dict[str, Any]) -> str:
     cli = r.get("cli")
     if cli:
         out += ["", f"cli ({cli['argv0']}):"]
-        out += [f"  {k:<8} {fmt(cli[k])}" for k in ("tether", "srun", "python") if k in cli]
+        out += [f"  {k:<10} {fmt(cli[k])}" for k in ("tether", "in_process", "srun", "python")
+                if k in cli]
+        if "cli_own_ms" in cli:
+            out.append(f"  the CLI's own part (tether - in_process, medians of the same rounds): "
+                       f"{cli['cli_own_ms']} ms")
     sp = r.get("spawn")
     if sp:
         out += ["", "spawn -> ready (socket bound), no agent:"]

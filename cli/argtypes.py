@@ -1,18 +1,30 @@
-"""Converters for option values: each rejects bad input with a message naming the problem."""
+"""Converters for option values: each rejects bad input with a message naming the problem.
+
+argparse calls them, and so does the quick parser of the frequent command lines (``quick``),
+which must not import argparse (nor ``re``) on its way: an error is made by ``_bad``, which
+imports argparse only then.
+"""
 
 from __future__ import annotations
 
-import argparse
-import re
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import argparse
+
+
+def _bad(message: str) -> argparse.ArgumentTypeError:
+    import argparse
+
+    return argparse.ArgumentTypeError(message)
 
 
 def _whole(text: str, minimum: int, below: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        raise _bad(f"{text!r} is not a whole number") from None
     if value < minimum:
-        raise argparse.ArgumentTypeError(f"{below}, got {value}")
+        raise _bad(f"{below}, got {value}")
     return value
 
 
@@ -28,15 +40,17 @@ def seconds(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+        raise _bad(f"{text!r} is not a number of seconds") from None
     if not value >= 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a finite number of seconds >= 0, got {text}")
+        raise _bad(f"must be a finite number of seconds >= 0, got {text}")
     return value
 
 
 def job_id(text: str) -> int:
+    import re
+
     if not re.fullmatch(r"[1-9][0-9]{0,17}", text):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a job id")
+        raise _bad(f"{text!r} is not a job id")
     return int(text)
 
 
@@ -47,7 +61,7 @@ def job_ref(text: str) -> str:
     try:
         job, index = parse_job_ref(text)
     except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+        raise _bad(str(exc)) from None
     return str(job) if index is None else f"{job}_{index}"
 
 
@@ -64,7 +78,7 @@ def time_limit(text: str) -> float:
     try:
         return float(parse_time(text))
     except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+        raise _bad(str(exc)) from None
 
 
 def begin_time(text: str) -> float:
@@ -77,7 +91,7 @@ def begin_time(text: str) -> float:
     try:
         return parse_begin(text, time.time())
     except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+        raise _bad(str(exc)) from None
 
 
 def array_spec(text: str) -> str:
@@ -86,7 +100,7 @@ def array_spec(text: str) -> str:
     try:
         parse_array(text)
     except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+        raise _bad(str(exc)) from None
     return text
 
 
@@ -96,14 +110,19 @@ def dependency(text: str) -> str:
     try:
         parse_dependency(text)
     except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+        raise _bad(str(exc)) from None
     return text
 
 
+_NAME_START = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz_")
+_NAME_REST = _NAME_START | frozenset("0123456789")
+
+
 def env_pair(text: str) -> tuple[str, str]:
+    """``KEY=VALUE``, KEY a shell variable's name: ``[A-Za-z_][A-Za-z0-9_]*``."""
     key, sep, value = text.partition("=")
-    if not sep or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
-        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE")
+    if not sep or not key or key[0] not in _NAME_START or not _NAME_REST.issuperset(key):
+        raise _bad(f"{text!r} is not KEY=VALUE")
     return key, value
 
 
@@ -111,5 +130,5 @@ def positive_seconds(text: str) -> float:
     """A finite number of seconds > 0 (a heartbeat, a timeout)."""
     value = seconds(text)
     if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be more than 0 seconds, got {text}")
+        raise _bad(f"must be more than 0 seconds, got {text}")
     return value

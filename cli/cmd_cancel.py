@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 from tether.cli.argtypes import ref_args
 from tether.cli.connect import agent_call, all_jobs
 from tether.cli.errors import EXIT_ERROR, EXIT_USAGE, CliError
 from tether.cli.format import say
-from tether.cli.jobfilter import ALIASES, select
-from tether.cli.table import label
 from tether.shared.errors import RemoteError
-from tether.shared.paths import Layout
+
+TYPE_CHECKING = False  # typing costs every CLI run ~2 ms: for the type checker only
+if TYPE_CHECKING:
+    import argparse
+
+    from tether.shared.paths import Layout
 
 
 def cancel(layout: Layout, ns: argparse.Namespace) -> int:
@@ -20,7 +22,10 @@ def cancel(layout: Layout, ns: argparse.Namespace) -> int:
     if not ns.jobs and not filtered:
         raise CliError("cancel: name the jobs: JOB... or --state, --user, --name", EXIT_USAGE)
     targets: list[str] = list(dict.fromkeys(ns.jobs))
-    if filtered:
+    if filtered:  # the filters' modules (argparse, time formats, the table) only for them
+        from tether.cli.jobfilter import ALIASES, select
+        from tether.cli.table import label
+
         if ns.state is None:  # by default only what can still be cancelled
             ns.state = frozenset(ALIASES["active"])
         picked = select(all_jobs(layout), ns)

@@ -2,20 +2,27 @@
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 
 from tether.cli.connect import job_id_of, open_step, supervisor_errors
 from tether.cli.errors import EXIT_USAGE, CliError
 from tether.cli.format import fmt_exit, print_pairs, say
 from tether.shared.errors import RemoteError, VersionMismatch
-from tether.shared.paths import Layout
-from tether.shared.step_client import StepClient
 
 TYPE_CHECKING = False  # typing costs every CLI run ~2 ms: for the type checker only
 if TYPE_CHECKING:
+    import argparse
     from typing import Any
+
+    from tether.shared.paths import Layout
+    from tether.shared.step_client import StepClient
+
+
+def dumps(value: Any) -> str:
+    """``json.dumps``'s text, for the --json forms only (``jsonout``)."""
+    from tether.cli.jsonout import dumps
+
+    return dumps(value)
 
 
 def inspect(layout: Layout, ns: argparse.Namespace) -> int:
@@ -43,7 +50,7 @@ def inspect(layout: Layout, ns: argparse.Namespace) -> int:
                 if exc.code != "permission_denied":
                     raise
     if ns.json:
-        print(json.dumps(st if info is None else dict(st, info=info)))
+        print(dumps(st if info is None else dict(st, info=info)))
         return 0
     if ns.pmi:
         return show_pmi(st)
@@ -86,7 +93,7 @@ def task_status(t: dict[str, Any]) -> str:
 
 def show_pids(res: dict[str, Any], as_json: bool) -> int:
     if as_json:
-        print(json.dumps(res))
+        print(dumps(res))
         return 0
     print(f"{'RANK':<6}{'PID':<9}STATUS")
     for t in res["tasks"]:
@@ -104,7 +111,7 @@ def show_pids(res: dict[str, Any], as_json: bool) -> int:
 
 def show_stats(res: dict[str, Any], as_json: bool) -> int:
     if as_json:
-        print(json.dumps(res))
+        print(dumps(res))
         return 0
     print(f"{'RANK':<9}{'PID':<9}{'USER_S':>9}{'SYS_S':>9}{'RSS_KB':>11}{'PEAK_KB':>11}"
           f"{'ELAPSED_S':>11}  STATUS")
@@ -138,7 +145,7 @@ def cgroup_line(cg: dict[str, Any]) -> str:
 def show_output(res: dict[str, Any], as_json: bool) -> int:
     streams = [name for name in ("stdout", "stderr") if name in res]
     if as_json:
-        print(json.dumps({name: dict(res[name], data=res[name]["data"].decode(
+        print(dumps({name: dict(res[name], data=res[name]["data"].decode(
             errors="replace")) for name in streams}))
         return 0
     for name in streams:
@@ -157,7 +164,7 @@ def show_events(step: StepClient, as_json: bool) -> int:
         if not res["events"]:
             break
     if as_json:
-        print(json.dumps({"events": events, "ended": res["ended"]}))
+        print(dumps({"events": events, "ended": res["ended"]}))
         return 0
     for e in events:
         extra = " ".join(f"{k}={e[k]}" for k in ("rank", "pid", "state", "exit_code", "signal",

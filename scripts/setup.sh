@@ -49,7 +49,16 @@ fi
 # setuptools' distutils shim is a .pth that every interpreter start of this venv runs (~1-2 ms
 # of each tether command and cold supervisor); nothing here builds packages at run time.
 rm -f .venv/lib/python3*/site-packages/distutils-precedence.pth
+# pip's console script imports re, only to tidy argv[0] for Windows' launchers: with the enum it
+# imports, ~3 ms of every tether command (docs/cli.md, "Start-up"). The same script without it.
+if [ -f .venv/bin/tether ]; then
+    sed -i -e '/^import re$/d' -e '/= re\.sub(/d' .venv/bin/tether
+fi
 # Bytecode for tether itself, whatever PYTHONDONTWRITEBYTECODE says (it is set on these machines,
-# and an editable install ships none): without it every process start is ~30% slower. The real
-# folders are compiled because compileall does not follow the links in tether/.
-.venv/bin/python -m compileall -q -j0 tether shared supervisor agent cli
+# and an editable install ships none): without it every process start is ~30% slower. Compiled
+# where the venv imports from: the strict install's link tree (a module's bytecode is looked up
+# beside the path it was imported by, the link, not its target), and the checkout's folders,
+# which the tests import (compileall does not follow the links in tether/).
+links=(build/__editable__.*/tether)
+[ -d "${links[0]}" ] || links=()
+.venv/bin/python -m compileall -q -j0 "${links[@]}" tether shared supervisor agent cli

@@ -11,26 +11,29 @@ this client's calls go through ``zmq_client`` (``legacy`` says so).
 
 from __future__ import annotations
 
+import _socket
 import errno
 import itertools
 import os
 import select
-import socket
 import time
-from collections.abc import Callable
 
 from tether.shared import framing, protocol
 from tether.shared.errors import TetherError, Unreachable
 
-TYPE_CHECKING = False  # typing costs every CLI run ~2 ms: for the type checker only
+# ``_socket``, not ``socket``: socket.py turns the module's constants into IntEnums at import
+# (enum and selectors with it), ~2-3 ms of every tether command; this client needs only what
+# socket.socket inherits from _socket.socket (connect, send, recv, timeouts, close).
+TYPE_CHECKING = False  # typing (and collections) cost every CLI run ~2 ms: type checker only
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import Any
 
 
 def probe_unix(path: str, timeout: float = 1.0) -> str | None:
     """Connect a plain AF_UNIX socket: None if someone accepts, else why not (in well under a
     millisecond)."""
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM | _socket.SOCK_CLOEXEC)
     s.settimeout(timeout)
     try:
         s.connect(path)
@@ -72,7 +75,7 @@ class Client:
     def __init__(self, path: str, *, timeout: float = 5.0) -> None:
         self.path = path
         self.timeout = timeout
-        self._sock: socket.socket | None = None
+        self._sock: _socket.socket | None = None
         self._fresh = False
         self._deframer = framing.Deframer()
         #: a ZeroMQ client, once the peer turned out to be a tether 0.1 daemon
@@ -87,11 +90,11 @@ class Client:
     def connect(self) -> None:
         """Connect now (else the first call does): ``NotListening`` if nobody accepts. Instead
         of a ``probe_unix`` first, which costs the server a connection of its own."""
-        self._socket(time.monotonic() + self.timeout)
+        self._connected(time.monotonic() + self.timeout)
 
-    def _socket(self, deadline: float) -> socket.socket:
+    def _connected(self, deadline: float) -> _socket.socket:
         if self._sock is None:
-            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+            s = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM | _socket.SOCK_CLOEXEC)
             s.settimeout(max(0.001, deadline - time.monotonic()))
             try:
                 s.connect(self.path)
@@ -161,7 +164,7 @@ class Client:
 
     def _exchange(self, kind: str, rid: int, data: bytes, budget: float, deadline: float,
                   watch: Callable[[], None] | None, watch_interval: float) -> Any:
-        sock = self._socket(deadline)
+        sock = self._connected(deadline)
         view = memoryview(data)
         poller = select.poll()
         poller.register(sock, select.POLLIN | select.POLLOUT)
@@ -212,7 +215,7 @@ class Client:
         daemon); a door's one refusal frame (``busy``) is raised as the ``RemoteError`` it
         is; anything else, nothing (False): the caller's error stands."""
         self.close()
-        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        s = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM | _socket.SOCK_CLOEXEC)
         d = framing.Deframer()
         try:
             s.settimeout(max(0.01, min(0.5, deadline - time.monotonic())))

@@ -20,24 +20,20 @@ waits, the supervisor process is watched through /proc, so one that dies mid-cal
 
 from __future__ import annotations
 
-import contextlib
 import os
-import pwd
-import re
-import signal as _signal
-import socket
 import stat
 import time
-from collections.abc import Iterator
 
-from tether.shared import outpattern
 from tether.shared.client import Client, NotListening, probe_unix
 from tether.shared.errors import RemoteError, TetherError, Unreachable, VersionMismatch
 from tether.shared.paths import Layout, default_state_dir
 from tether.shared.procid import ProcId
 
+# What only some calls need, they import: re, signal, socket, pwd and contextlib (and the enum
+# and collections they pull in) were ~5 ms of every ``tether inspect``.
 TYPE_CHECKING = False  # typing costs every CLI run ~2 ms: for the type checker only
 if TYPE_CHECKING:
+    from collections.abc import Iterator
     from typing import Any
 
 __all__ = ["StepClient", "SupervisorGone", "connect", "find_socket", "parse_signal"]
@@ -61,7 +57,7 @@ def find_socket(job: int, state_dir: str | None = None) -> str:
     """The socket of the job's newest attempt on this node (it may be stale: see connect)."""
     layout = Layout(os.path.abspath(state_dir or default_state_dir()))
     attempts: list[int] = []
-    pattern = re.compile(rf"^{job}\.([1-9][0-9]{{0,9}})$")
+    prefix = f"{job}."
     try:
         names = os.listdir(layout.run_root)
     except PermissionError:  # run/ may be 0711: try the attempt numbers instead
@@ -70,9 +66,11 @@ def find_socket(job: int, state_dir: str | None = None) -> str:
     except FileNotFoundError:
         names = []
     for name in names:
-        m = pattern.match(name)
-        if m:
-            attempts.append(int(m.group(1)))
+        # JOB.ATTEMPT, ATTEMPT as [1-9][0-9]{0,9} (a regular expression would cost ``re``)
+        attempt = name[len(prefix):] if name.startswith(prefix) else ""
+        if 0 < len(attempt) <= 10 and attempt[0] != "0" and attempt.isascii() \
+                and attempt.isdigit():
+            attempts.append(int(attempt))
     if not attempts:
         raise SupervisorGone(f"job {job} has no supervisor on this node (not running, or "
                              "already collected: try 'tether show')")
@@ -82,6 +80,9 @@ def find_socket(job: int, state_dir: str | None = None) -> str:
 def parse_signal(value: int | str) -> int:
     """A signal number from a number, or a name with or without ``SIG`` (any case), or
     ``RTMIN+N`` / ``RTMAX-N``. Raises ValueError naming the bad value."""
+    import re
+    import signal as _signal
+
     if isinstance(value, int) and not isinstance(value, bool):
         num = value
     else:
@@ -244,6 +245,8 @@ class StepClient:
         paths: dict[str, str] = {}
         owner = os.geteuid()
         if fallback:
+            from tether.shared import outpattern
+
             info = self.info()
             # the first task's files, as the supervisor's readers (outpattern)
             paths = {"stdout": outpattern.for_task(info["output"], 0),
@@ -344,6 +347,10 @@ def open_as_reader(path: str, owner: int) -> int:
     flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
     if os.geteuid() != 0 or owner == 0:
         return _checked_reader(os.open(path, flags), path)
+    import contextlib
+    import pwd
+    import socket
+
     try:
         pw = pwd.getpwuid(owner)
         gid, groups = pw.pw_gid, os.getgrouplist(pw.pw_name, pw.pw_gid)

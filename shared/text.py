@@ -7,15 +7,15 @@ screen, retitle the window or worse. ``printable`` escapes every control charact
 
 from __future__ import annotations
 
-import re
-
-#: C0 controls, DEL and C1 controls (ESC, CSI as U+009B, ...)
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+#: C0 controls, DEL and C1 controls (ESC, CSI as U+009B, ...), each to its escape. A table for
+#: str.translate rather than a regular expression: ``re`` (and the ``enum`` it imports) costs
+#: every CLI run that prints a job's text ~3 ms.
+_ESCAPES = {c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7F, 0xA0))}
 
 
 def printable(text: object) -> str:
     """``text`` with every control character shown as ``\\xNN`` (a tab and newline too)."""
-    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", str(text))
+    return str(text).translate(_ESCAPES)
 
 
 def clip(text: object, limit: int = 200) -> str:
