@@ -53,6 +53,7 @@ from bench.harness import (  # noqa: E402
     Agent,
     BenchError,
     Cleaner,
+    CpuAccount,
     alive,
     become_subreaper,
     cpu_load,
@@ -262,7 +263,7 @@ def _ts(text: str) -> float:
 
 def bench_launch(agent: Agent, runs: int) -> dict[str, Any]:
     log(f"launch: {runs} sequential `true` jobs, in-process client")
-    reply, running, done, ids = [], [], [], []
+    reply, running, done, ids, py = [], [], [], [], []
     for i in range(runs + 2):
         wall, t0 = time.time(), time.perf_counter()
         jid = agent.submit(["true"])
@@ -272,11 +273,13 @@ def bench_launch(agent: Agent, runs: int) -> dict[str, Any]:
         j = res["job"]
         if j["state"] != "completed":
             raise BenchError(f"job {jid} of `true` ended {j['state']}: {j['reason']}")
+        ref = timed(REFERENCE)  # the machine-speed reference, in the same loop
         if i >= 2:  # two warm-up jobs
             ids.append(jid)
             reply.append((t1 - t0) * 1000)
             running.append((rfc3339_epoch(j["started_at"]) - wall) * 1000)
             done.append((t2 - t0) * 1000)
+            py.append(ref)
     # where submit -> running goes: the agent's "spawned" and the supervisors' own lines
     with open(agent.logs[-1], errors="replace") as f:
         text = f.read()
@@ -284,21 +287,25 @@ def bench_launch(agent: Agent, runs: int) -> dict[str, Any]:
         LOG_TS + r"agent\[\d+\] INFO job (\d+) attempt 1: supervisor spawned", text, re.M)}
     with open(agent.layout.supervisor_log, errors="replace") as f:
         text = f.read()
-    ready: dict[int, float] = {}
-    launched: dict[int, float] = {}
+    marks: dict[str, dict[int, float]] = {"ready on": {}, "launched": {}, "step ended": {}}
     warm = 0
-    for m in re.finditer(LOG_TS + r"supervisor\[\d+\] job=(\d+)\.1 INFO (ready on|launched)"
-                         r"(.*)$", text, re.M):
-        (ready if m.group(3) == "ready on" else launched)[int(m.group(2))] = _ts(m.group(1))
+    for m in re.finditer(LOG_TS + r"supervisor\[\d+\] job=(\d+)\.1 INFO "
+                         r"(ready on|launched|step ended)(.*)$", text, re.M):
+        marks[m.group(3)][int(m.group(2))] = _ts(m.group(1))
         warm += m.group(3) == "ready on" and int(m.group(2)) in ids and "(warm" in m.group(4)
+
+    def between(a: dict[int, float], b: dict[int, float]) -> dict[str, Any]:
+        return summary([(b[j] - a[j]) * 1000 for j in ids if j in a and j in b], 0)
+    ready, launched, ended = marks["ready on"], marks["launched"], marks["step ended"]
     return {
         "submit_reply_ms": summary(reply, 2),
         "submit_to_running_ms": summary(running, 0),
         "submit_to_completed_ms": summary(done),
-        "ready_to_launched_ms": summary([(launched[j] - ready[j]) * 1000 for j in ids
-                                         if j in ready and j in launched], 0),
-        "spawned_to_ready_ms": summary([(ready[j] - spawned[j]) * 1000 for j in ids
-                                        if j in ready and j in spawned], 0),
+        "ready_to_launched_ms": between(ready, launched),
+        "spawned_to_ready_ms": between(spawned, ready),
+        "launched_to_ended_ms": between(launched, ended),
+        "python_ms": summary(py),
+        "x_python": round(statistics.median(done) / statistics.median(py), 2),
         "warm_starts": f"{warm}/{len(ids)}",
     }
 
@@ -307,10 +314,15 @@ def bench_launch(agent: Agent, runs: int) -> dict[str, Any]:
 
 
 def bench_throughput(root: str, jobs: int, submitters: int = 1, name: str = "t",
-                     ) -> tuple[dict[str, Any], Agent]:
+                     accounts: list[CpuAccount] | None = None) -> tuple[dict[str, Any], Agent]:
     """``jobs`` ``true`` jobs: one client submitting back to back (each submit waits for its
     reply), or ``submitters`` clients (threads, one connection each) doing so at once, so
-    that several submits arrive in one turn of the agent's loop (group commit)."""
+    that several submits arrive in one turn of the agent's loop (group commit). The CPU time
+    of every process of the run (this client, agent, template, supervisors, tasks) is counted
+    in a cgroup of its own (``CpuAccount``), where the host has the v1 cpuacct hierarchy."""
+    acct = CpuAccount(f"tb{name}")
+    if accounts is not None:
+        accounts.append(acct)
     agent = Agent(root, name, 64)
     agent.wait_serving(agent.start())
     wait_template(agent)
@@ -337,6 +349,7 @@ def bench_throughput(root: str, jobs: int, submitters: int = 1, name: str = "t",
     syncs0 = agent.call("status").get("db_syncs")
     assert agent.proc is not None
     cpu0 = cpu_seconds(agent.proc.pid)
+    all0 = acct.usage()
     t0 = time.perf_counter()
     threads = [threading.Thread(target=submit_some, args=(n,)) for n in per]
     for th in threads:
@@ -353,8 +366,12 @@ def bench_throughput(root: str, jobs: int, submitters: int = 1, name: str = "t",
     total = time.perf_counter() - t0
     syncs = agent.call("status").get("db_syncs")  # group commit (absent before it)
     cpu = cpu_seconds(agent.proc.pid) - cpu0
+    all1 = acct.usage()
+    acct.leave()
     return {"jobs": jobs, "submitters": submitters, "total_s": round(total, 2),
             "agent_cpu_ms_per_job": round(cpu * 1000 / jobs, 2),
+            "all_cpu_ms_per_job": None if all0 is None or all1 is None
+            else round((all1 - all0) * 1000 / jobs, 2),
             "db_syncs_per_job": None if syncs is None or syncs0 is None
             else round((syncs - syncs0) / jobs, 2),
             "jobs_per_s": round(jobs / total, 1),
@@ -554,11 +571,12 @@ def main(argv: list[str] | None = None) -> int:
                 result["mpi"] = bench_mpi(a, ns.runs)
             a.kill()
         if "throughput" in parts:
-            result["throughput"], t = bench_throughput(root, ns.jobs)
+            result["throughput"], t = bench_throughput(root, ns.jobs,
+                                                       accounts=cleaner.accounts)
             cleaner.agents.append(t)
             t.kill()
             result["throughput_concurrent"], t = bench_throughput(root, ns.jobs, ns.submitters,
-                                                                  "tc")
+                                                                  "tc", cleaner.accounts)
             cleaner.agents.append(t)
             t.kill()
         if "steps" in parts:

@@ -286,6 +286,70 @@ class Agent:
             self.proc.wait(timeout=10)
 
 
+# ---- CPU of everything a run starts ------------------------------------------------------------
+
+
+class CpuAccount:
+    """A fresh cgroup of the v1 ``cpuacct`` hierarchy that this process (and so everything it
+    starts from now on: agent, template, supervisors, tasks) is moved into: ``cpuacct.usage``
+    then counts the CPU of all of them. Steps' cgroups never touch that hierarchy (tether uses
+    memory, pids, freezer, cpuacct only in mode ``v1``; this figure is taken in the others).
+    None of it where there is no such hierarchy (``usage`` is None)."""
+
+    MOUNT = "/sys/fs/cgroup/cpuacct"
+
+    def __init__(self, name: str) -> None:
+        self.path: str | None = None
+        self.home: str | None = None
+        if not os.path.exists(os.path.join(self.MOUNT, "cpuacct.usage")):
+            return
+        try:
+            with open("/proc/self/cgroup") as f:
+                for line in f:
+                    _, ctrl, rel = line.rstrip("\n").split(":", 2)
+                    if "cpuacct" in ctrl.split(","):
+                        self.home = os.path.join(self.MOUNT, rel.lstrip("/"))
+            path = os.path.join(self.MOUNT, f"{name}-{os.getpid()}")
+            os.mkdir(path)
+            self.path = path
+            with open(os.path.join(path, "cgroup.procs"), "w") as f:
+                f.write(str(os.getpid()))
+        except OSError as exc:
+            log(f"no CPU account: {exc}")
+            self.close()
+
+    def usage(self) -> float | None:
+        """CPU seconds of everything in the account so far."""
+        if self.path is None:
+            return None
+        with open(os.path.join(self.path, "cpuacct.usage")) as f:
+            return int(f.read()) / 1e9
+
+    def leave(self) -> None:
+        """This process goes home; what it started stays (and is counted) until it ends."""
+        if self.path is not None and self.home is not None:
+            with contextlib.suppress(OSError), \
+                    open(os.path.join(self.home, "cgroup.procs"), "w") as f:
+                f.write(str(os.getpid()))
+
+    def close(self) -> None:
+        """Once everything it held was killed (``Cleaner.run``): removed when empty."""
+        self.leave()
+        path, self.path = self.path, None
+        deadline = time.monotonic() + 5
+        while path is not None:
+            try:
+                os.rmdir(path)
+                return
+            except FileNotFoundError:
+                return
+            except OSError as exc:
+                if time.monotonic() > deadline:
+                    log(f"WARNING: cannot remove {path}: {exc}")
+                    return
+                time.sleep(0.02)
+
+
 # ---- cleanup ----------------------------------------------------------------------------------
 
 
@@ -296,6 +360,7 @@ class Cleaner:
         self.root = root
         self.root_b = root.encode()
         self.agents: list[Agent] = []
+        self.accounts: list[CpuAccount] = []
 
     def victims(self) -> set[int]:
         found = set()
@@ -338,6 +403,8 @@ class Cleaner:
         from bench.common import remove_cgroups_under
 
         remove_cgroups_under(self.root)
+        for acct in self.accounts:
+            acct.close()
         shutil.rmtree(self.root, ignore_errors=True)
         return killed
 

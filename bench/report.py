@@ -108,7 +108,11 @@ def report(r: dict[str, Any]) -> str:
                 f"  submit -> running     {fmt(la['submit_to_running_ms'])}",
                 f"    spawned -> ready    {fmt(la['spawned_to_ready_ms'])}",
                 f"    ready -> launched   {fmt(la['ready_to_launched_ms'])} (hello + claim)",
-                f"  submit -> completed   {fmt(la['submit_to_completed_ms'])}"]
+                f"  submit -> completed   {fmt(la['submit_to_completed_ms'])} "
+                f"({la.get('x_python')}x python)",
+                f"    launched -> ended   {fmt(la.get('launched_to_ended_ms', {}))} "
+                "(the task, reaping, the exit record)",
+                f"  python -I -c pass     {fmt(la.get('python_ms', {}))}"]
     ins = r.get("inspect")
     if ins:
         out += ["", "inspect --json:"]
@@ -120,7 +124,8 @@ def report(r: dict[str, Any]) -> str:
                     f"in {tp['total_s']} s ({tp['jobs_per_s']}/s); submits took "
                     f"{tp['submit_all_s']} s, each reply {fmt(tp['submit_reply_ms'])}; "
                     f"agent database fsyncs per job: {tp.get('db_syncs_per_job')}, agent CPU "
-                    f"per job: {tp.get('agent_cpu_ms_per_job')} ms"]
+                    f"per job: {tp.get('agent_cpu_ms_per_job')} ms, CPU of all processes per "
+                    f"job: {tp.get('all_cpu_ms_per_job')} ms"]
     st = r.get("steps")
     if st:
         m = st["supervisor_median"]

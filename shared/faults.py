@@ -59,13 +59,21 @@ FAULTS = (
           "after starting its tasks, the supervisor SIGKILLs itself before writing the "
           "`running` manifest (row 13b)"),
     Fault(SUPERVISOR, "opener-dies", "each supervisor",
-          "the output opener (section 10) exits without a word, as if it had been killed"),
+          "the forked output opener (section 10) exits without a word, as if it had been "
+          "killed"),
+    Fault(SUPERVISOR, "refuse-unshare", "each supervisor",
+          "the output opener thread (a job of the supervisor's own user) is refused "
+          "`unshare(CLONE_FS)`, as under a container's seccomp policy: the supervisor forks "
+          "an opener instead, as for another user's job"),
     Fault(SUPERVISOR, "hold-sweep", "each supervisor",
           "the thread looking for leftover children while the step drains stops after its "
           "scan, creates `sweep.held` in the run directory and goes on once `sweep.go` exists "
           "there (the loop must keep answering meanwhile)"),
     Fault(SUPERVISOR, "hold-scan", "each supervisor",
           "the same for the /proc scan behind `pids` and `stats` (`scan.held`, `scan.go`)"),
+    Fault(SUPERVISOR, "proc-scan", "each supervisor",
+          "the supervisor finds its leftover children by a scan of all of /proc on a thread, "
+          "as on a kernel without `/proc/PID/task/TID/children` (`hold-sweep` implies it)"),
     Fault(SUPERVISOR, "error-on-usr2", "each supervisor",
           "SIGUSR2 raises an exception in the loop that nothing expects: the supervisor kills "
           "its tasks and exits with status 3 (crash-only)"),

@@ -114,3 +114,37 @@ def all_processes() -> Iterator[ProcStat]:
             st = proc_stat(int(name))
             if st is not None:
                 yield st
+
+
+def children(pid: int) -> list[int] | None:
+    """The direct children of ``pid`` (of every one of its threads: a child belongs to the
+    thread that forked it, an orphan to the first live thread of its new parent), read from
+    ``/proc/PID/task/TID/children``: O(threads + children) where ``all_processes`` reads every
+    process on the machine. None where the kernel has no such file (CONFIG_PROC_CHILDREN), or
+    ``pid`` is gone.
+
+    Not a snapshot: the kernel resumes a read longer than a page (~500 children) by position,
+    so a child reaped meanwhile can make it skip one. Callers that need every child reap on the
+    same thread, or look again after a reap (``supervisor/sweeper.py``).
+    """
+    task = f"/proc/{pid}/task"
+    try:
+        tids = os.listdir(task)
+    except OSError:
+        return None
+    found: list[int] | None = None
+    for tid in tids:
+        try:
+            fd = os.open(f"{task}/{tid}/children", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:  # no such file on this kernel, or the thread just ended
+            continue
+        try:
+            data = b""
+            while chunk := os.read(fd, 65536):
+                data += chunk
+        except OSError:
+            continue
+        finally:
+            os.close(fd)
+        found = (found or []) + [int(p) for p in data.split()]
+    return found

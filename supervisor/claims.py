@@ -21,7 +21,7 @@ from tether.shared.cgroup import CgroupError, StepCgroup
 from tether.shared.errors import LaunchError, StateError
 from tether.shared.timers import rfc3339_now
 from tether.supervisor import handlers
-from tether.supervisor.launch import LaunchFailed, Opened, Opener, output_paths
+from tether.supervisor.opener import ForkInstead, LaunchFailed, Opened, new_opener, output_paths
 from tether.supervisor.state import Peer, SupervisorState, killpg
 from tether.supervisor.step import Phase, bounded
 
@@ -44,12 +44,15 @@ class Claims(SupervisorState):
             return
         if self.claim_timer:
             self.claim_timer.cancel()
+        self.start_opener()
+
+    def start_opener(self, *, fork: bool = False) -> None:
         try:
-            self.opener = Opener(self.spec, output_paths(self.spec))
-        except OSError as exc:
+            self.opener = new_opener(self.spec, output_paths(self.spec), fork=fork)
+        except (OSError, RuntimeError) as exc:  # fork, or a thread, refused
             self.opened(LaunchFailed(f"cannot start the output opener: {exc}"))
             return
-        self.poller.register(self.opener.sock, zmq.POLLIN)
+        self.poller.register(self.opener, zmq.POLLIN)
         self.opener_timer = self.timers.at(time.monotonic() + OPEN_TIMEOUT, self.opener_late)
 
     def opener_ready(self) -> None:
@@ -58,6 +61,11 @@ class Claims(SupervisorState):
             got: Opened | LaunchFailed = self.opener.result()
         except LaunchFailed as exc:
             got = exc
+        except ForkInstead as exc:  # no working directory of its own for a thread here
+            log.info("output opener: %s; forking one instead", exc)
+            self.drop_opener()
+            self.start_opener(fork=True)
+            return
         self.opened(got)
 
     def opener_late(self) -> None:
@@ -69,7 +77,7 @@ class Claims(SupervisorState):
     def drop_opener(self) -> None:
         if self.opener is not None:
             with contextlib.suppress(KeyError):
-                self.poller.unregister(self.opener.sock)
+                self.poller.unregister(self.opener)
             self.opener.close()
             self.opener = None
         if self.opener_timer is not None:

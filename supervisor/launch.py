@@ -1,9 +1,9 @@
 """Starting the step's tasks (I/O).
 
 Each task is a direct child of the supervisor, leads its own process group, starts with stdin on
-/dev/null and stdout/stderr on files opened here (no byte of output passes through the agent or
-this process), with every signal at its default: the supervisor installs Python handlers only,
-which exec resets, and ignores or blocks nothing.
+/dev/null and stdout/stderr on the files opened as the job's user before (opener.py; no byte of
+output passes through the agent or this process), with every signal at its default: the
+supervisor installs Python handlers only, which exec resets, and ignores or blocks nothing.
 
 CPU affinity is set on this (main) thread just before the fork and restored after: a child
 inherits the affinity of the thread that forked it, so no ``preexec_fn`` runs in the child.
@@ -12,29 +12,21 @@ inherits the affinity of the thread that forked it, so no ``preexec_fn`` runs in
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import logging
 import os
-import signal
-import socket
-import stat
 import subprocess
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import Any
 
-from tether.shared import faults, outpattern
+from tether.shared import outpattern
 from tether.shared.procid import start_ticks
+from tether.supervisor.opener import LaunchFailed, Opened, runs_as_other_user
 from tether.supervisor.step import Step, Task, bounded
 
 log = logging.getLogger(__name__)
 
 GPU_VARS = ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")
-
-
-class LaunchFailed(Exception):
-    pass
 
 
 def task_env(spec: dict[str, Any], rank: int) -> dict[str, str]:
@@ -62,207 +54,10 @@ def task_env(spec: dict[str, Any], rank: int) -> dict[str, str]:
     return env
 
 
-#: O_NONBLOCK so that a FIFO at an output path fails at once (ENXIO: no reader) instead of
-#: blocking; it is cleared again once the fd is known to be a file or device.
-_OUTPUT_FLAGS = (os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND | os.O_NOFOLLOW
-                 | os.O_CLOEXEC | os.O_NONBLOCK)
-#: fds per SCM_RIGHTS message (the kernel takes at most 253): a job with per-task files
-#: (``%t``) has up to two per task, sent in several messages.
-_BATCH = 200
-#: How long the rest of a batch may take once the first message arrived.
-OPENER_TIMEOUT = 5.0
-
-
-def output_paths(spec: dict[str, Any]) -> list[str]:
-    """Every distinct file the tasks write, in order: rank 0's output (and error), then the
-    other ranks' when the names have ``%t`` (the agent expanded every other token)."""
-    per_task = outpattern.per_task(spec["output"]) or outpattern.per_task(spec["error"])
-    paths: list[str] = []
-    for rank in range(spec["ntasks"] if per_task else 1):
-        for name in (spec["output"], spec["error"]):
-            path = outpattern.for_task(name, rank)
-            if path not in paths:
-                paths.append(path)
-    return paths
-
-
-@dataclass
-class Opened:
-    """What the opener handed back, all opened with the job's user's credentials."""
-
-    workdir: int  #: O_PATH fd of the working directory (tasks start there via /proc/self/fd)
-    outputs: dict[str, int]  #: path -> write fd, one per distinct output path
-    readers: list[int | None]  #: read-only fds on rank 0's files (None: the user may not read)
-
-    def close(self) -> None:
-        for fd in [self.workdir, *self.outputs.values()]:
-            with contextlib.suppress(OSError):
-                os.close(fd)
-
-
-class Opener:
-    """A forked child that becomes the job's user, enters the working directory and opens the
-    output files, then hands the fds back over SCM_RIGHTS and exits.
-
-    Nothing of the user's is executed or imported: no interpreter starts, the child is this
-    process forked (it imports nothing), and it changes directory only after dropping
-    privileges. The fds are checked here before any task gets them. The supervisor's loop polls
-    ``sock`` and calls ``result()`` once it is readable, so the loop never waits for the
-    user's files (a hung file system, say).
-    """
-
-    def __init__(self, spec: dict[str, Any], paths: list[str]) -> None:
-        self.spec = spec
-        self.paths = paths
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self.pid = os.fork()
-        if self.pid == 0:  # the child: never returns
-            ours.close()
-            _open_as_user(spec, paths, theirs)
-        theirs.close()
-        ours.setblocking(False)
-        self.sock = ours
-
-    def close(self) -> None:
-        self.sock.close()
-
-    def kill(self) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(self.pid, signal.SIGKILL)
-
-    def result(self) -> Opened:
-        """The checked fds, or LaunchFailed with the reason. The first message is in (the
-        loop saw the socket readable); the rest of a large batch follows at once."""
-        fds: list[int] = []
-        try:
-            msg, got, _, _ = socket.recv_fds(self.sock, 4096, _BATCH)
-            fds += got
-            if not msg and not got:  # EOF: killed, or out of memory, before it could say
-                raise LaunchFailed(f"the output opener (pid {self.pid}) ended without an "
-                                   "answer")
-            text = msg.decode(errors="replace")
-            head, _, flags = text.partition(";")
-            want = int(head[3:]) if head.startswith("ok:") and head[3:].isdigit() else -1
-            self.sock.settimeout(OPENER_TIMEOUT)
-            while 0 <= len(fds) < want:
-                _, got, _, _ = socket.recv_fds(self.sock, 16, _BATCH)
-                if not got:
-                    break
-                fds += got
-        except (OSError, ValueError) as exc:
-            for fd in fds:
-                os.close(fd)
-            raise LaunchFailed(f"cannot open the output files as {self.spec.get('user')}: "
-                               f"{exc}") from None
-        n = len(self.paths)
-        if want < 0 or len(fds) != want or want < 1 + n:
-            for fd in fds:
-                os.close(fd)
-            raise LaunchFailed(bounded(text if want < 0 else "the output opener sent "
-                                       f"{len(fds)} of {want} files"))
-        wd, outs, rest = fds[0], fds[1:1 + n], fds[1 + n:]
-        readers: list[int | None] = []
-        for flag in flags[:2]:
-            readers.append(rest.pop(0) if flag == "1" and rest else None)
-        for fd in rest:
-            os.close(fd)
-        opened = Opened(wd, dict(zip(self.paths, outs, strict=True)), readers)
-        try:
-            _check_dir(wd, self.spec["workdir"])
-            for path, fd in opened.outputs.items():
-                _check_output(fd, path)
-        except LaunchFailed:
-            opened.close()
-            for r in readers:
-                if r is not None:
-                    os.close(r)
-            raise
-        return opened
-
-
-def _open_as_user(spec: dict[str, Any], paths: list[str], sock: socket.socket) -> NoReturn:
-    """The opener child. Only os calls and formatting: no imports, no interpreter."""
-    code = 1
-    try:
-        signal.set_wakeup_fd(-1)  # the parent's wakeup fd is not ours to write
-        if faults.supervisor_fault("opener-dies"):
-            os._exit(code)
-        if _runs_as_other_user(spec):
-            os.setgroups(spec["groups"])
-            os.setresgid(spec["gid"], spec["gid"], spec["gid"])
-            os.setresuid(spec["uid"], spec["uid"], spec["uid"])
-        os.umask(int(spec.get("umask", 0o022)))
-        workdir = spec["workdir"]
-        try:
-            wd = os.open(workdir, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-            os.fchdir(wd)  # proves the user may enter it (search permission)
-        except OSError as exc:
-            raise _Refused(f"cannot enter working directory {workdir}: {exc.strerror}") \
-                from None
-        outs = []
-        for path in paths:
-            try:
-                outs.append(os.open(path, _OUTPUT_FLAGS, 0o666))
-            except OSError as exc:
-                raise _Refused(f"cannot open output file {path}: {exc.strerror}") from None
-        readers, flags = [], ""
-        first = [outs[paths.index(outpattern.for_task(spec[name], 0))]
-                 for name in ("output", "error")]
-        for fd in first:  # rank 0's files: what introspection reads
-            try:  # as the user: a file she may only write gives no reader
-                readers.append(os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_CLOEXEC))
-                flags += "1"
-            except OSError:
-                flags += "0"
-        fds = [wd, *outs, *readers]
-        socket.send_fds(sock, [f"ok:{len(fds)};{flags}".encode()], fds[:_BATCH])
-        for i in range(_BATCH, len(fds), _BATCH):
-            socket.send_fds(sock, [b"more"], fds[i:i + _BATCH])
-        code = 0
-    except _Refused as exc:
-        with contextlib.suppress(OSError):
-            sock.send(str(exc).encode(errors="replace")[:4000])
-    except BaseException as exc:  # noqa: BLE001  (the child must reach _exit, whatever happens)
-        with contextlib.suppress(BaseException):
-            sock.send(f"cannot open the output files: {exc}".encode(errors="replace")[:4000])
-    os._exit(code)
-
-
-class _Refused(Exception):
-    pass
-
-
-def _check_dir(fd: int, path: str) -> None:
-    try:
-        if not stat.S_ISDIR(os.fstat(fd).st_mode):
-            raise LaunchFailed(f"working directory {path} is not a directory")
-    except OSError as exc:
-        raise LaunchFailed(f"cannot enter working directory {path}: {exc.strerror}") from None
-
-
-def _check_output(fd: int, path: str) -> None:
-    """Only a regular file or a character device (/dev/null), opened for writing, may take a
-    job's output: anything else the opener sent (an O_PATH fd, a FIFO) fails the launch."""
-    try:
-        st = os.fstat(fd)
-        if not (stat.S_ISREG(st.st_mode) or stat.S_ISCHR(st.st_mode)):
-            raise LaunchFailed(f"output file {path} is not a regular file")
-        flags = fcntl.fcntl(fd, fcntl.F_GETFL)
-        if flags & os.O_PATH or flags & os.O_ACCMODE != os.O_WRONLY:
-            raise LaunchFailed(f"output file {path} was not opened for writing")
-        os.set_blocking(fd, True)
-    except OSError as exc:
-        raise LaunchFailed(f"cannot use output file {path}: {exc.strerror}") from None
-
-
 def _exec_reason(exc: OSError, spec: dict[str, Any], cwd: str) -> str:
     if exc.filename in (spec["workdir"], cwd):
         return f"cannot enter working directory {spec['workdir']}: {exc.strerror}"
     return f"cannot execute {spec['command'][0]!r}: {exc.strerror}"
-
-
-def _runs_as_other_user(spec: dict[str, Any]) -> bool:
-    return "uid" in spec and spec["uid"] != os.getuid()
 
 
 def _skip_rest(step: Step, why: str) -> None:
@@ -341,7 +136,7 @@ class Launcher:
             extra, pass_fds = self.prepare(task.rank)
             env.update(extra)
         who: dict[str, Any] = {}
-        if _runs_as_other_user(spec):
+        if runs_as_other_user(spec):
             who = {"user": spec["uid"], "group": spec["gid"], "extra_groups": spec["groups"]}
             env.update(HOME=spec["home"], USER=spec["user"], LOGNAME=spec["user"])
         # The directory the opener entered as the user, by its fd: a link swapped in at the

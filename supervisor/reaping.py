@@ -3,9 +3,10 @@
 ``reap`` drains ``waitid`` (SIGCHLD coalesces) and kills a dead leader's process group while the
 leader is still an unreaped zombie, so the group id cannot have been reused. Once every task is
 reaped the step drains: the cgroup is killed until empty, and children re-parented to us (we are
-a subreaper) are found by a scan off the loop (sweeper.py) and killed by pid, which is safe while
-they are unreaped. ``finish`` then writes the exit record and lingers for the agent's ``ack``.
-A mixin of ``service.Supervisor``; its state is ``state.py``'s.
+a subreaper) are found by the sweeper (sweeper.py: our children files, or a scan of /proc off
+the loop) and killed by pid, which is safe while they are unreaped. ``finish`` then writes the
+exit record and lingers for the agent's ``ack``. A mixin of ``service.Supervisor``; its state
+is ``state.py``'s.
 """
 
 from __future__ import annotations
@@ -15,10 +16,10 @@ import os
 import signal
 import time
 
-from tether.shared.procid import all_processes
 from tether.shared.timers import rfc3339_now
 from tether.supervisor.state import SupervisorState, killpg
 from tether.supervisor.step import Phase, signal_name
+from tether.supervisor.sweeper import read_children, scan_children
 
 log = logging.getLogger("tether.supervisor")
 
@@ -119,17 +120,15 @@ class Reaping(SupervisorState):
         """SIGKILL every remaining child (adopted daemons), on the spot; return how many are
         left. Only for a supervisor giving up: nothing reaps meanwhile, nothing waits."""
         me = os.getpid()
-        left = 0
-        for st in all_processes():
-            if st.ppid == me:
-                left += 1
-                if not st.dead:
-                    try:
-                        os.kill(st.pid, signal.SIGKILL)
-                        log.info("killed leftover process %d", st.pid)
-                    except OSError as exc:  # gone meanwhile, or setuid: counted, logged
-                        log.warning("cannot kill leftover process %d: %s", st.pid, exc)
-        return left
+        found = read_children(me) if self.sweeper.inline else scan_children(me)
+        for f in found:
+            if not f.dead:
+                try:
+                    os.kill(f.pid, signal.SIGKILL)
+                    log.info("killed leftover process %d", f.pid)
+                except OSError as exc:  # gone meanwhile, or setuid: counted, logged
+                    log.warning("cannot kill leftover process %d: %s", f.pid, exc)
+        return len(found)
 
     def finish(self) -> None:
         if self.step.phase is not Phase.DRAINING:

@@ -116,7 +116,7 @@ class Supervisor(Requests, Claims, Terminating, Reaping, PmiLoop, Recording, Fol
                         self.serve()
                     if self.door is not None and self.door.fileno() in events:
                         self.door.service()
-                    if self.opener is not None and self.opener.sock.fileno() in events:
+                    if self.opener is not None and self.opener.fileno() in events:
                         self.opener_ready()
                     if self.sweeper.fileno() in events:
                         self.swept()

@@ -30,11 +30,12 @@ from tether.shared.paths import RunDir
 from tether.shared.procid import ProcId
 from tether.shared.timers import Timer, Timers
 from tether.supervisor import handlers, introspect
-from tether.supervisor.launch import Launcher, Opener
+from tether.supervisor.launch import Launcher
+from tether.supervisor.opener import Opener, ThreadOpener
 from tether.supervisor.pmi import Output, PmiServer
 from tether.supervisor.pmi_io import PmiChannels, clean_env
 from tether.supervisor.step import Step
-from tether.supervisor.sweeper import HOLD, HOLD_SCAN, Scan, Sweeper
+from tether.supervisor.sweeper import HOLD, HOLD_SCAN, PROC_SCAN, Scan, Sweeper, children_files
 
 log = logging.getLogger("tether.supervisor")
 
@@ -94,7 +95,7 @@ class SupervisorState:
         self.waiters: Lot[None, None] = Lot(self.timers)
         #: ``claim`` requests waiting for the opener and the launch
         self.claims: Lot[None, None] = Lot(self.timers)
-        self.opener: Opener | None = None
+        self.opener: Opener | ThreadOpener | None = None
         self.opener_timer: Timer | None = None
         self.followers: Lot[None, Follow] = Lot(self.timers)
         self.event_waiters: Lot[None, int] = Lot(self.timers)
@@ -108,8 +109,10 @@ class SupervisorState:
         self.limit_timer: Timer | None = None
         self.drain_timer: Timer | None = None
         self.drain_check: Timer | None = None
-        #: finds leftover children while draining, off the loop (sweeper.py)
-        self.sweeper = Sweeper(rd.path if faults.supervisor_fault(HOLD) else None)
+        #: finds leftover children while draining: from the children files, else off the loop
+        #: (sweeper.py)
+        self.sweeper = Sweeper(rd.path if faults.supervisor_fault(HOLD) else None,
+                               inline=children_files() and not faults.supervisor_fault(PROC_SCAN))
         #: children found by the last scan, killed and not yet reaped
         self.leftovers = 0
         me, session = os.getpid(), os.getsid(0)
