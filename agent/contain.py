@@ -111,7 +111,8 @@ class Containment:
     def plan(self, job: int, attempt: int, memory_mb: int) -> dict[str, Any]:
         """The ``cgroup`` section of a step's spec."""
         return cgroup.step_plan(self.host.mode, self.bases, job, attempt,
-                                memory_mb or self.default_memory_mb, self.host.memory)
+                                memory_mb or self.default_memory_mb, self.host.memory,
+                                self.host.roots)
 
     def of(self, job: int, attempt: int) -> StepCgroup:
         return StepCgroup(self.plan(job, attempt, 0))

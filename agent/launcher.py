@@ -67,7 +67,10 @@ def identity(agent: Agent, job: Job, umask: int) -> dict[str, Any]:
     if user is None or (job.uid is not None and user.uid != job.uid):
         raise SpawnError(f"user {job.user!r} (uid {job.uid}) no longer exists as submitted")
     gid = user.gid if job.gid is None else job.gid  # the primary gid it submitted with
-    groups = sorted(set(os.getgrouplist(user.name, gid)))
+    if job.user and gid == user.gid:  # the lookup read the group file for this very gid
+        groups = list(user.groups)
+    else:
+        groups = sorted(set(os.getgrouplist(user.name, gid)))
     return {"uid": user.uid, "gid": gid, "groups": groups, "user": user.name,
             "home": user.home, "umask": umask}
 

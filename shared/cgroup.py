@@ -114,8 +114,15 @@ def write(path: str, text: str) -> None:
 
 
 def read(path: str) -> str:
-    with open(path) as f:
-        return f.read()
+    """A whole cgroupfs (or /proc) file: plain reads, none of a file object's probing."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        data = b""
+        while chunk := os.read(fd, 65536):
+            data += chunk
+    finally:
+        os.close(fd)
+    return data.decode()
 
 
 def read_keyed(path: str) -> dict[str, int]:
@@ -154,6 +161,9 @@ class StepCgroup:
         self.mode = str(plan.get("mode", "none"))
         self.dirs: dict[str, str] = dict(plan.get("dirs", {})) if self.mode != "none" else {}
         self.memory_mb = int(plan.get("memory_mb", 0))
+        #: kind -> the hierarchy's mount point, as the agent's probe found it (a spec of an
+        #: older agent has none: the mount table says)
+        self.roots: dict[str, str] = dict(plan.get("roots", {}))
         #: where this process was before joining (kind -> its own cgroup's directory)
         self._home: dict[str, str] = {}
 
@@ -193,10 +203,10 @@ class StepCgroup:
         """This process (every thread) inside the step's cgroups for the duration: a child
         forked meanwhile starts there. Back home after, whatever happens."""
         if not self._home:
-            with open("/proc/self/cgroup") as f:
-                mine = parse_proc_cgroup(f.read())
+            mine = parse_proc_cgroup(read("/proc/self/cgroup"))
             for kind in self.dirs:
-                self._home[kind] = _join(_mount_root(kind), mine.get(kind, "/"))
+                root = self.roots.get(kind) or _mount_root(kind)
+                self._home[kind] = _join(root, mine.get(kind, "/"))
         pid = str(os.getpid())
         entered = []
         try:

@@ -164,10 +164,16 @@ def step_name(job: int, attempt: int) -> str:
 
 
 def step_plan(mode: str, bases: dict[str, str], job: int, attempt: int, memory_mb: int,
-              memory: bool) -> dict[str, Any]:
-    """What the supervisor needs, in the spec. ``memory_mb`` 0 is unlimited but accounted."""
+              memory: bool, roots: dict[str, str] | None = None) -> dict[str, Any]:
+    """What the supervisor needs, in the spec. ``memory_mb`` 0 is unlimited but accounted.
+    ``roots``: each hierarchy's mount point, so that the supervisor finds its own cgroup's
+    directory without reading the mount table."""
     if mode == "none" or not bases:
         return {"mode": "none"}
     name = step_name(job, attempt)
-    return {"mode": mode, "dirs": {k: os.path.join(v, name) for k, v in sorted(bases.items())},
-            "memory_mb": memory_mb if memory else 0}
+    plan: dict[str, Any] = {
+        "mode": mode, "dirs": {k: os.path.join(v, name) for k, v in sorted(bases.items())},
+        "memory_mb": memory_mb if memory else 0}
+    if roots:
+        plan["roots"] = {k: roots[k] for k in sorted(bases) if k in roots}
+    return plan

@@ -72,8 +72,9 @@ FAULTS = (
     Fault(SUPERVISOR, "hold-scan", "each supervisor",
           "the same for the /proc scan behind `pids` and `stats` (`scan.held`, `scan.go`)"),
     Fault(SUPERVISOR, "proc-scan", "each supervisor",
-          "the supervisor finds its leftover children by a scan of all of /proc on a thread, "
-          "as on a kernel without `/proc/PID/task/TID/children` (`hold-sweep` implies it)"),
+          "the supervisor finds its leftover children, and the processes `pids` and `stats` "
+          "report, by a scan of all of /proc on a thread, as on a kernel without "
+          "`/proc/PID/task/TID/children` (`hold-sweep` implies it for the leftovers)"),
     Fault(SUPERVISOR, "error-on-usr2", "each supervisor",
           "SIGUSR2 raises an exception in the loop that nothing expects: the supervisor kills "
           "its tasks and exits with status 3 (crash-only)"),

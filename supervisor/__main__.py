@@ -27,14 +27,41 @@ from tether.shared import records
 from tether.shared.paths import PathTooLong, RunDir, check_ipc_path
 from tether.supervisor.service import Supervisor
 
+#: the options whose value is an fd (argparse ``type=int``)
+_FD_OPTIONS = ("--lock-fd", "--resume-fd", "--ready-fd")
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv == ["--handover-formats"]:
-        # asked by a running supervisor before it re-executes into this build (handover.py)
-        formats = ",".join(str(f) for f in sorted(tether.supervisor.handover.FORMATS_READ))
-        print(f"formats {formats} {tether.__version__}")
-        return 0
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """The command line as the agent, the template and a re-exec write it, read directly: a
+    supervisor forked from the template would spend ~1 ms of CPU (and copy-on-write faults)
+    building an ArgumentParser on every start. Anything else (an abbreviation, a missing or
+    malformed value, ``--help``) goes through argparse, which reads it the same way or says
+    what is wrong."""
+    got: dict[str, object] = {"run_dir": None, "lock_fd": None, "resume_fd": None,
+                              "ready_fd": -1, "warm": False}
+    i = 0
+    while i < len(argv):
+        opt = argv[i]
+        if opt == "--warm":
+            got["warm"] = True
+            i += 1
+            continue
+        if opt not in ("--run-dir", *_FD_OPTIONS) or i + 1 >= len(argv) or \
+                argv[i + 1].startswith("-"):
+            return _argparse(argv)
+        value: object = argv[i + 1]
+        if opt in _FD_OPTIONS:
+            if not (argv[i + 1].isascii() and argv[i + 1].isdigit()):
+                return _argparse(argv)
+            value = int(argv[i + 1])
+        got[opt[2:].replace("-", "_")] = value
+        i += 2
+    if got["run_dir"] is None or got["lock_fd"] is None:
+        return _argparse(argv)  # says which is missing
+    return argparse.Namespace(**got)
+
+
+def _argparse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="tether-supervisor")
     parser.add_argument("--run-dir", required=True)
     parser.add_argument("--lock-fd", type=int, required=True)
@@ -44,7 +71,17 @@ def main(argv: list[str] | None = None) -> int:
                         help="pipe to write one byte to once the socket is bound")
     parser.add_argument("--warm", action="store_true",
                         help="forked from the supervisor template (said in the log)")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv == ["--handover-formats"]:
+        # asked by a running supervisor before it re-executes into this build (handover.py)
+        formats = ",".join(str(f) for f in sorted(tether.supervisor.handover.FORMATS_READ))
+        print(f"formats {formats} {tether.__version__}")
+        return 0
+    args = parse_args(argv)
     name = os.path.basename(os.path.normpath(args.run_dir))
     try:
         job_s, attempt_s = name.split(".")

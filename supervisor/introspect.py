@@ -7,6 +7,13 @@ to the supervisor. Members of the supervisor's session that are not its descenda
 should be) are counted too, its own ancestors excepted. A process belongs to the task whose
 leader its chain passes through; the rest are *adopted*, of no task.
 
+Where to look (``step_snapshot``). Where the kernel has ``/proc/PID/task/TID/children`` the
+step's processes are found from the supervisor down through those files, whatever else runs on
+the machine; elsewhere (and with the ``proc-scan`` test fault) by reading every process in
+/proc. Both find the same processes: the session was made by a process that exited right after
+forking the supervisor (the template's intermediate child, or the detaching shell), so every
+other member descends from the supervisor (orphans come back to it), its ancestors excepted.
+
 CPU and memory. For a live task: the sum over its live processes of their own user and system
 time plus their reaped children's (``cutime``/``cstime``: every process that was waited for is
 counted once, by its reaper), the sum of their ``VmRSS`` (current) and the sum of their
@@ -26,6 +33,8 @@ import pwd
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
+
+from tether.shared.procid import children
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 PAGE_KB = os.sysconf("SC_PAGE_SIZE") // 1024
@@ -143,6 +152,35 @@ def snapshot(supervisor: int, session: int) -> list[ProcSample]:
     supervisor's scan thread (``sweeper.Scan``)."""
     return [with_memory(p) if p.session == session or p.ppid == supervisor else p
             for p in scan()]
+
+
+def descendants(supervisor: int, session: int) -> list[ProcSample] | None:
+    """The supervisor's descendants, from its children files down (I/O, O(the step)); memory
+    read as ``snapshot`` reads it. None where the kernel has no children files."""
+    queue = children(supervisor)
+    if queue is None:
+        return None
+    seen = {supervisor}
+    found = []
+    while queue:
+        pid = queue.pop()
+        if pid in seen:
+            continue
+        seen.add(pid)
+        st = sample(pid)
+        if st is None:  # gone meanwhile: its children were re-parented to the supervisor
+            continue
+        found.append(with_memory(st) if st.session == session or st.ppid == supervisor
+                     else st)
+        queue += children(pid) or []
+    return found
+
+
+def step_snapshot(supervisor: int, session: int, *, full: bool = False) -> list[ProcSample]:
+    """What ``pids`` and ``stats`` need (module docstring: where to look); ``full``: every
+    process in /proc, as where the kernel has no children files."""
+    found = None if full else descendants(supervisor, session)
+    return snapshot(supervisor, session) if found is None else found
 
 
 # ---- the step's processes (pure) ---------------------------------------------------------------

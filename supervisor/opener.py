@@ -35,6 +35,7 @@ import signal
 import socket
 import stat
 import threading
+from _thread import start_new_thread
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
@@ -178,7 +179,9 @@ class ThreadOpener:
         self._abandoned = False
         #: (fds, reader flags), the reason it failed, or ForkInstead
         self._outcome: tuple[list[int], str] | str | ForkInstead | None = None
-        threading.Thread(target=self._run, name="tether-opener", daemon=True).start()
+        # not threading.Thread: its start() waits for the thread to run (two context switches
+        # on the launch's path); nothing here joins it
+        start_new_thread(self._run, ())
 
     def fileno(self) -> int:
         return self.wakeup.fileno()

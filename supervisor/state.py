@@ -118,7 +118,8 @@ class SupervisorState:
         me, session = os.getpid(), os.getsid(0)
         #: the /proc scans behind ``pids`` and ``stats``, off the loop; ``scan_seq`` numbers
         #: them (the one running or last started), and requests wait under the one they need
-        self.scans = Scan(lambda: introspect.snapshot(me, session),
+        full = faults.supervisor_fault(PROC_SCAN)
+        self.scans = Scan(lambda: introspect.step_snapshot(me, session, full=full),
                           (rd.path, "scan") if faults.supervisor_fault(HOLD_SCAN) else None)
         self.scan_seq = 0
         self.scan_waiters: Lot[int, ScanReply] = Lot(self.timers)

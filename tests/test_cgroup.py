@@ -103,6 +103,45 @@ def test_probe_picks_v2_where_it_has_the_memory_controller() -> None:
         "unified": "/sys/fs/cgroup/system.slice/tether-agent.service/jobs/7.2"}}
 
 
+#: In a fresh interpreter: a step's cgroup from a plan with the mount points (as the agent's
+#: plan has them), a child forked inside it, this process back home, the mount table unread.
+JOIN = """
+import os, subprocess, sys
+from tether.shared import cgroup
+host = cgroup.probe()
+base = sys.argv[1]
+plan = cgroup.step_plan(host.mode, cgroup.base_dirs(host, base), 1, 1, 0, host.memory,
+                        host.roots)
+assert plan["roots"] == {k: host.roots[k] for k in plan["dirs"]}, plan
+cgroup._MOUNTS = None  # the probe read the mount table: forget it
+before = open("/proc/self/cgroup").read()
+cg = cgroup.StepCgroup(plan)
+cg.create()
+try:
+    with cg.joined():
+        child = subprocess.Popen(["sleep", "30"])
+    assert cg.procs() == {child.pid}, (cg.procs(), child.pid)
+    assert open("/proc/self/cgroup").read() == before
+    assert cgroup._MOUNTS is None, "the mount table was read"
+    child.kill()
+    child.wait()
+finally:
+    cg.kill_and_wait()
+    cg.remove()
+    for d in cgroup.base_dirs(host, base).values():
+        os.rmdir(d)
+print("ok")
+"""
+
+
+@needs_cgroups
+def test_a_step_finds_its_own_cgroup_from_the_plans_mount_points() -> None:
+    base = f"/tether-test-join-{os.getpid()}"
+    res = subprocess.run([sys.executable, "-c", JOIN, base], capture_output=True, text=True,
+                         timeout=60)
+    assert res.stdout == "ok\n", res.stderr
+
+
 def test_probe_reads_the_agents_leaf_as_its_own_cgroup() -> None:
     """After the agent moved into a leaf to enable controllers (cgroup2's no-internal-process
     rule), a restarted agent finds the same base."""

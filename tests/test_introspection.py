@@ -140,6 +140,33 @@ def test_pids_include_an_adopted_daemon(node: Node) -> None:
     poll_until(lambda: not pid_alive(daemon), 30, "the adopted daemon to be killed")
 
 
+@pytest.mark.parametrize("fault", ["", "proc-scan"])
+def test_pids_and_stats_find_the_same_tree_from_the_children_files_or_all_of_proc(
+        node: Node, fault: str) -> None:
+    node.start(env={"TETHER_SUPERVISOR_FAULT": fault} if fault else None)
+    # the leader (exec'd into sleep), a child shell and its own child, and an adopted daemon
+    job = node.submit("sh", "-c", "(setsid sleep 300 & echo $! > daemon.pid); "
+                                  "sh -c 'sleep 301 & echo $! > grand.pid; wait' & "
+                                  "while [ ! -s grand.pid ]; do sleep 0.01; done; "
+                                  "echo up > up; exec sleep 302")
+    wait_file(node, "up")
+    daemon, grand = int(read(node, "daemon.pid")), int(read(node, "grand.pid"))
+    sup = node.manifest(job)["supervisor"]["pid"]
+    poll_until(lambda: (st := proc_stat(daemon)) is not None and st.ppid == sup, 30,
+               "the daemon to be adopted by the supervisor")
+    res = json.loads(node.ok("inspect", str(job), "--pids", "--json"))
+    got = sorted((p["comm"], -1 if p["rank"] is None else p["rank"], p["adopted"])
+                 for p in res["processes"])
+    assert got == [("sh", 0, False), ("sleep", -1, True), ("sleep", 0, False)], res
+    assert {p["pid"] for p in res["processes"]} >= {daemon, grand}
+    st = json.loads(node.ok("inspect", str(job), "--stats", "--json"))
+    assert (st["tasks"][0]["processes"], st["adopted"]["processes"]) == (3, 1), st
+    assert st["tasks"][0]["rss_kb"] > 0 and st["adopted"]["rss_kb"] > 0, st
+    node.ok("cancel", str(job))
+    node.wait_end(job)
+    poll_until(lambda: not pid_alive(daemon), 30, "the adopted daemon to be killed")
+
+
 # ---- stats -------------------------------------------------------------------------------
 
 
