@@ -1,8 +1,8 @@
 """Converters for option values: each rejects bad input with a message naming the problem.
 
 argparse calls them, and so does the quick parser of the frequent command lines (``quick``),
-which must not import argparse (nor ``re``) on its way: an error is made by ``_bad``, which
-imports argparse only then.
+which must not import argparse (nor ``re``) on its way: an error is made by ``bad_value``,
+which imports argparse only then.
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ if TYPE_CHECKING:
     import argparse
 
 
-def _bad(message: str) -> argparse.ArgumentTypeError:
+def bad_value(message: str) -> argparse.ArgumentTypeError:
+    """The error argparse reports as the option's problem (its import only now)."""
     import argparse
 
     return argparse.ArgumentTypeError(message)
@@ -22,9 +23,9 @@ def _whole(text: str, minimum: int, below: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise _bad(f"{text!r} is not a whole number") from None
+        raise bad_value(f"{text!r} is not a whole number") from None
     if value < minimum:
-        raise _bad(f"{below}, got {value}")
+        raise bad_value(f"{below}, got {value}")
     return value
 
 
@@ -40,9 +41,9 @@ def seconds(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise _bad(f"{text!r} is not a number of seconds") from None
+        raise bad_value(f"{text!r} is not a number of seconds") from None
     if not value >= 0 or value == float("inf"):
-        raise _bad(f"must be a finite number of seconds >= 0, got {text}")
+        raise bad_value(f"must be a finite number of seconds >= 0, got {text}")
     return value
 
 
@@ -50,7 +51,7 @@ def job_id(text: str) -> int:
     import re
 
     if not re.fullmatch(r"[1-9][0-9]{0,17}", text):
-        raise _bad(f"{text!r} is not a job id")
+        raise bad_value(f"{text!r} is not a job id")
     return int(text)
 
 
@@ -61,7 +62,7 @@ def job_ref(text: str) -> str:
     try:
         job, index = parse_job_ref(text)
     except ValueError as exc:
-        raise _bad(str(exc)) from None
+        raise bad_value(str(exc)) from None
     return str(job) if index is None else f"{job}_{index}"
 
 
@@ -78,7 +79,7 @@ def time_limit(text: str) -> float:
     try:
         return float(parse_time(text))
     except ValueError as exc:
-        raise _bad(str(exc)) from None
+        raise bad_value(str(exc)) from None
 
 
 def begin_time(text: str) -> float:
@@ -91,7 +92,7 @@ def begin_time(text: str) -> float:
     try:
         return parse_begin(text, time.time())
     except ValueError as exc:
-        raise _bad(str(exc)) from None
+        raise bad_value(str(exc)) from None
 
 
 def array_spec(text: str) -> str:
@@ -100,7 +101,7 @@ def array_spec(text: str) -> str:
     try:
         parse_array(text)
     except ValueError as exc:
-        raise _bad(str(exc)) from None
+        raise bad_value(str(exc)) from None
     return text
 
 
@@ -110,7 +111,7 @@ def dependency(text: str) -> str:
     try:
         parse_dependency(text)
     except ValueError as exc:
-        raise _bad(str(exc)) from None
+        raise bad_value(str(exc)) from None
     return text
 
 
@@ -122,7 +123,7 @@ def env_pair(text: str) -> tuple[str, str]:
     """``KEY=VALUE``, KEY a shell variable's name: ``[A-Za-z_][A-Za-z0-9_]*``."""
     key, sep, value = text.partition("=")
     if not sep or not key or key[0] not in _NAME_START or not _NAME_REST.issuperset(key):
-        raise _bad(f"{text!r} is not KEY=VALUE")
+        raise bad_value(f"{text!r} is not KEY=VALUE")
     return key, value
 
 
@@ -130,5 +131,5 @@ def positive_seconds(text: str) -> float:
     """A finite number of seconds > 0 (a heartbeat, a timeout)."""
     value = seconds(text)
     if value <= 0:
-        raise _bad(f"must be more than 0 seconds, got {text}")
+        raise bad_value(f"must be more than 0 seconds, got {text}")
     return value

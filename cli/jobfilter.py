@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-import argparse
-from collections.abc import Iterable
-from typing import Any
-
+from tether.cli.argtypes import bad_value
 from tether.cli.timefmt import parse_since, parse_stamp
+
+TYPE_CHECKING = False  # typing costs every CLI run ~2 ms: for the type checker only
+if TYPE_CHECKING:
+    import argparse
+    from collections.abc import Iterable
+    from typing import Any
 
 STATES = ("pending", "starting", "running", "suspended", "completed", "failed", "cancelled",
           "lost", "timeout")
@@ -26,7 +29,7 @@ def state_list(text: str) -> frozenset[str]:
         elif word in ALIASES:
             found.update(ALIASES[word])
         else:
-            raise argparse.ArgumentTypeError(
+            raise bad_value(
                 f"unknown state {word!r}: use {', '.join(STATES)}, active or ended")
     return frozenset(found)
 
@@ -34,7 +37,7 @@ def state_list(text: str) -> frozenset[str]:
 def name_list(text: str) -> frozenset[str]:
     names = frozenset(w for w in text.split(",") if w)
     if not names:
-        raise argparse.ArgumentTypeError("expected one or more names, comma-separated")
+        raise bad_value("expected one or more names, comma-separated")
     return names
 
 
@@ -42,7 +45,7 @@ def since(text: str) -> float:
     try:
         return parse_since(text)
     except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+        raise bad_value(str(exc)) from None
 
 
 def add_filters(parser: argparse.ArgumentParser, what: str) -> None:

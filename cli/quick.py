@@ -15,6 +15,7 @@ What it takes, after any number of ``--state-dir DIR`` (or ``--state-dir=DIR``):
   wait JOB [--timeout SECONDS]
   inspect JOB [--pmi|--pids|--stats|--output|--events] [--lines N] [--json]
   cancel JOB...     hold JOB...     release JOB...
+  list [--state S] [--user U] [--name N] [--since T] [--format F] [--no-header] [--json]
   submit [OPTIONS] [--] COMMAND...     every option of submit but --cluster
 each verb with ``--state-dir`` too, options before and after the positionals as argparse
 allows them. Values are converted by the same functions argparse calls (``argtypes``).
@@ -49,6 +50,15 @@ def _text(text: str) -> str:
     return text
 
 
+def _filter(name: str) -> Callable[[str], Any]:
+    """A converter of ``jobfilter`` (list's filters), imported when a filter is given."""
+    def convert(text: str) -> Any:
+        from tether.cli import jobfilter
+
+        return getattr(jobfilter, name)(text)
+    return convert
+
+
 class Verb:
     """One verb's table: its positionals, its options (``--name``: dest, how, converter) and
     the defaults argparse gives, in argparse's order."""
@@ -81,6 +91,14 @@ VERBS: dict[str, Verb] = {
          "events": False, "lines": None, "json": False},
         exclusive=("pmi", "pids", "stats", "output", "events")),
     "cancel": Verb(JOBS, {}, {"jobs": None, "state": None, "user": None, "name": None}),
+    "list": Verb(
+        None, {"--state": ("state", ONE, _filter("state_list")),
+               "--user": ("user", ONE, _filter("name_list")),
+               "--name": ("name", ONE, _filter("name_list")),
+               "--since": ("since", ONE, _filter("since")), "--format": ("format", ONE, _text),
+               "--no-header": ("no_header", FLAG, _text), **_JSON},
+        {"state": None, "user": None, "name": None, "since": None, "format": None,
+         "no_header": False, "json": False}),
     "hold": Verb(JOBS, {}, {"jobs": None}),
     "release": Verb(JOBS, {}, {"jobs": None}),
     "submit": Verb(
