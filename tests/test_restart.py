@@ -73,7 +73,8 @@ def test_job_ends_while_agent_is_down(node: Node) -> None:
     j = node.wait_end(job)
     assert (j["state"], j["exit_code"]) == ("failed", 7)
     poll_until(lambda: not os.path.exists(rd.path), 20, "the acknowledged run dir to go")
-    assert node.supervisor_pids() == []
+    # the supervisor exits once the agent acknowledged the result: soon after wait returns
+    poll_until(lambda: node.supervisor_pids() == [], 10, "the supervisor to exit")
 
 
 #: a job that runs until the test creates ``go`` in the working directory (no timing involved)
