@@ -44,6 +44,9 @@ class Claims(SupervisorState):
             return
         if self.claim_timer:
             self.claim_timer.cancel()
+        if self.ready_timer:  # no wake-up for it: launching is what goes on disk now
+            self.ready_timer.cancel()
+            self.ready_timer = None
         self.start_opener()
 
     def start_opener(self, *, fork: bool = False) -> None:

@@ -82,6 +82,12 @@ class Recording(SupervisorState):
             return False
         return True
 
+    def ready_manifest(self) -> None:
+        """The ``ready`` manifest of a supervisor not claimed yet (service.py): once a claim
+        has started the launch, the ``launching`` one is what goes on disk."""
+        if self.step.phase is Phase.READY and self.opener is None:
+            self.write_manifest()
+
     def emit(self, kind: str, **fields: Any) -> None:
         """Append one event; ``on_event`` (the events verb's waiters) is told."""
         event = {"seq": len(self.events) + 1, "time": rfc3339_now(), "kind": kind, **fields}

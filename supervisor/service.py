@@ -54,6 +54,9 @@ from tether.supervisor.terminating import Terminating
 
 log = logging.getLogger("tether.supervisor")
 
+#: How long after binding its socket an unclaimed supervisor writes the ``ready`` manifest.
+READY_MANIFEST_AFTER = 0.1
+
 
 class Supervisor(Requests, Claims, Terminating, Reaping, PmiLoop, Recording, Followers, Reexec):
     """One step's supervisor: the loop here, the rest in its parts (see the module docstring)."""
@@ -84,16 +87,20 @@ class Supervisor(Requests, Claims, Terminating, Reaping, PmiLoop, Recording, Fol
             self.door_fd = listen_socket(self.rd.sock)
         self.router = handover.bind_router(ctx, self.router_path(), self.listen_fd)
         self.door = self.open_door()
-        # The agent may connect now: its hello is queued by ZeroMQ while the manifest's fsyncs
-        # run, and answered after them (the manifest's "ready" is not something it waits for).
+        # The agent may connect now.
         self.signal_ready()
-        self.write_manifest()
         if self.resumed:
+            self.write_manifest()
             log.info("re-executed as tether %s (was %s), generation %d; serving %s again",
                      tether.__version__, self.upgraded_from, self.generation, self.rd.sock)
             if self.step.phase in (Phase.RUNNING, Phase.DRAINING):
                 self.reap()  # a task may have ended while signals were blocked
         else:
+            # A "ready" manifest says what no manifest says (never ran: every reader takes the
+            # two alike), so it is written only if the claim is late: a launch answers the
+            # agent's hello at once and writes one file less (recording.py)
+            self.ready_timer = self.timers.at(time.monotonic() + READY_MANIFEST_AFTER,
+                                              self.ready_manifest)
             self.claim_timer = self.timers.at(
                 time.monotonic() + float(self.spec["claim_timeout"]), self.claim_expired)
             log.info("ready on %s (%s start); waiting up to %gs for the agent's claim",

@@ -124,6 +124,8 @@ class SupervisorState:
         self.scan_seq = 0
         self.scan_waiters: Lot[int, ScanReply] = Lot(self.timers)
         self.claim_timer: Timer | None = None
+        #: writes the ``ready`` manifest if no claim came soon (service.py); a claim cancels it
+        self.ready_timer: Timer | None = None
         self.router: zmq.Socket[Any] | None = None
         self.door: Door | None = None
         self.follow_timer: Timer | None = None

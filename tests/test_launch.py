@@ -3,9 +3,11 @@ step reports when a task cannot start or one of several fails."""
 
 from __future__ import annotations
 
+import ctypes
 import os
+import struct
 
-from tests.helpers import Node
+from tests.helpers import Node, poll_until
 
 PROBE = (
     'echo "rank=$TETHER_TASK_ID ntasks=$TETHER_NTASKS job=$TETHER_JOB_ID '
@@ -90,3 +92,49 @@ def test_submit_wait_json_and_memory_accounting(node: Node) -> None:
     j = node.job(job)
     assert (j["memory_mb"], j["state"]) == (100, "failed")
     assert node.status()["memory_mb"]["allocated"] == 0
+
+
+#: inotify(7): a file renamed into the watched directory, a file created in it (watched too:
+#: the kernel merges identical events in a row, and the temporary file of each write keeps
+#: two renames apart)
+IN_MOVED_TO, IN_CREATE = 0x80, 0x100
+
+
+def _manifests_written(fd: int) -> list[str]:
+    """The names renamed into the watched run directory so far (inotify events)."""
+    names = []
+    while True:
+        try:
+            data = os.read(fd, 65536)
+        except BlockingIOError:
+            return names
+        pos = 0
+        while pos < len(data):
+            _, mask, _, size = struct.unpack_from("iIII", data, pos)
+            name = data[pos + 16:pos + 16 + size].rstrip(b"\0").decode()
+            if mask & IN_MOVED_TO:
+                names.append(name)
+            pos += 16 + size
+
+
+def test_a_claimed_step_writes_no_ready_manifest(node: Node) -> None:
+    """``ready`` on disk means what no manifest means (never ran): a step claimed at once
+    writes only ``launching`` and ``running`` (each renamed into place); one left unclaimed
+    writes ``ready`` (tests/test_restart.py)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    node.start(env={"TETHER_AGENT_FAULT": "hold-spawn-prep"})
+    job = node.submit("true")
+    poll_until(lambda: os.path.exists(os.path.join(node.state, "prep.held")), 20,
+               "the run directory to be made, its supervisor not yet started")
+    rd = node.layout.run_dir(job, 1)
+    fd = libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
+    assert fd >= 0, os.strerror(ctypes.get_errno())
+    try:
+        assert libc.inotify_add_watch(fd, rd.path.encode(), IN_MOVED_TO | IN_CREATE) >= 0
+        with open(os.path.join(node.state, "prep.go"), "w"):
+            pass
+        assert node.wait_end(job)["state"] == "completed"
+        written = _manifests_written(fd)
+    finally:
+        os.close(fd)
+    assert (written.count("manifest.json"), written.count("exit.json")) == (2, 1), written
