@@ -73,7 +73,6 @@ class Supervisor(Requests, Claims, Terminating, Reaping, PmiLoop, Recording, Fol
             signal.signal(sig, _wake_only)
         # only now: a re-executed supervisor arrives with these blocked (handover.py)
         signal.pthread_sigmask(signal.SIG_SETMASK, [])
-        ctx: zmq.Context[Any] = zmq.Context()
         # ZeroMQ for the agent only, inside ctl/ (0700): no other user can even connect to it.
         # People come through the door, where every request is authorized per verb. Both
         # listening sockets are kept across an upgrade's exec (handover.py).
@@ -85,10 +84,13 @@ class Supervisor(Requests, Claims, Terminating, Reaping, PmiLoop, Recording, Fol
             finally:
                 os.umask(old_umask)
             self.door_fd = listen_socket(self.rd.sock)
+        # Both sockets listen: the agent may connect now. Its connection waits in the kernel's
+        # backlog while ZeroMQ starts (the context's threads, the ROUTER on that socket), which
+        # the agent's own work to connect and say hello overlaps.
+        self.signal_ready()
+        ctx: zmq.Context[Any] = zmq.Context()
         self.router = handover.bind_router(ctx, self.router_path(), self.listen_fd)
         self.door = self.open_door()
-        # The agent may connect now.
-        self.signal_ready()
         if self.resumed:
             self.write_manifest()
             log.info("re-executed as tether %s (was %s), generation %d; serving %s again",
