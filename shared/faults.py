@@ -75,6 +75,10 @@ FAULTS = (
           "the supervisor finds its leftover children, and the processes `pids` and `stats` "
           "report, by a scan of all of /proc on a thread, as on a kernel without "
           "`/proc/PID/task/TID/children` (`hold-sweep` implies it for the leftovers)"),
+    Fault(SUPERVISOR, "hold-after-ready", "each supervisor",
+          "once it has sent the ready byte (both sockets listen, ZeroMQ not started yet), the "
+          "supervisor creates `ready.held` in the run directory and waits for `ready.go` there: "
+          "the agent's connection and hello wait in the kernel's backlog meanwhile"),
     Fault(SUPERVISOR, "error-on-usr2", "each supervisor",
           "SIGUSR2 raises an exception in the loop that nothing expects: the supervisor kills "
           "its tasks and exits with status 3 (crash-only)"),

@@ -50,6 +50,7 @@ from tether.supervisor.reexec import Reexec
 from tether.supervisor.requests import Requests
 from tether.supervisor.state import CLOSE_LINGER_MS, IGNORED_SIGNALS, TERMINATING, killpg
 from tether.supervisor.step import Phase, signal_name
+from tether.supervisor.sweeper import hold
 from tether.supervisor.terminating import Terminating
 
 log = logging.getLogger("tether.supervisor")
@@ -88,6 +89,8 @@ class Supervisor(Requests, Claims, Terminating, Reaping, PmiLoop, Recording, Fol
         # backlog while ZeroMQ starts (the context's threads, the ROUTER on that socket), which
         # the agent's own work to connect and say hello overlaps.
         self.signal_ready()
+        if faults.supervisor_fault("hold-after-ready"):
+            hold(self.rd.path, "ready")
         ctx: zmq.Context[Any] = zmq.Context()
         self.router = handover.bind_router(ctx, self.router_path(), self.listen_fd)
         self.door = self.open_door()

@@ -59,7 +59,7 @@ class Scan(Generic[T]):
 
     def __init__(self, read: Callable[[], T], hold: tuple[str, str] | None = None) -> None:
         self.read = read
-        #: test fault: (directory, name): the thread, its scan done, waits (``_hold``)
+        #: test fault: (directory, name): the thread, its scan done, waits (``hold``)
         self.hold = hold
         self.wakeup = Wakeup()
         self.thread: threading.Thread | None = None
@@ -104,7 +104,7 @@ class Scan(Generic[T]):
         try:
             self.value = self.read()
             if self.hold is not None:
-                _hold(*self.hold)
+                hold(*self.hold)
         except BaseException as exc:  # handed to the loop, which decides
             self.error = exc
         self.wakeup.kick()
@@ -193,7 +193,7 @@ class Sweeper(Scan[list[Found]]):
         return [f for f in found if f.pid not in self.reaped]
 
 
-def _hold(directory: str, name: str) -> None:
+def hold(directory: str, name: str) -> None:
     with open(os.path.join(directory, f"{name}.held"), "w"):
         pass
     while not os.path.exists(os.path.join(directory, f"{name}.go")):

@@ -4,7 +4,9 @@ and an error it does not expect ends the process (crash-only), the agent giving 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+import subprocess
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -123,3 +125,29 @@ def _reap_adopted() -> None:
             return True
         return False
     poll_until(reaped_all, 20, "the adopted processes to be reaped")
+
+
+def _backlog(path: str) -> int:
+    """Connections waiting to be accepted on the listening AF_UNIX socket at ``path``."""
+    out = subprocess.run(["ss", "-xlH", "src", path], capture_output=True, text=True,
+                         check=True).stdout.split()
+    return int(out[2]) if len(out) > 2 else 0
+
+
+@pytest.mark.skipif(shutil.which("ss") is None, reason="needs ss (iproute2)")
+def test_the_agents_hello_before_zeromq_is_up_is_answered(node: Node) -> None:
+    # The ready byte goes out once both sockets listen, before the supervisor starts ZeroMQ
+    # (held there by the fault): the agent connects at once and its connection waits in the
+    # kernel's backlog, then is served.
+    node.start(env={"TETHER_SUPERVISOR_FAULT": "hold-after-ready"})
+    job = node.submit("sh", "-c", "echo ran > ran.txt")
+    rd = node.layout.run_dir(job, 1)
+    poll_until(lambda: os.path.exists(os.path.join(rd.path, "ready.held")), 30,
+               "the supervisor to hold after its ready byte")
+    poll_until(lambda: _backlog(rd.ctl_sock) >= 1, 30,
+               "the agent's connection to wait in the backlog")
+    assert node.job(job)["state"] == "starting"
+    assert not os.path.exists(os.path.join(node.work, "ran.txt"))
+    open(os.path.join(rd.path, "ready.go"), "w").close()
+    j = node.wait_end(job)
+    assert (j["state"], j["exit_code"], j["attempt"]) == ("completed", 0, 1), j
