@@ -410,7 +410,7 @@ def cancel(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
             agent.cancel_pending(job)
             continue
         assert job.state in ACTIVE
-        job = agent.db.update(job.id, cancel_requested=1)  # durable before anything is sent
+        job = agent.db.change(job, cancel_requested=True)  # durable before anything is sent
         agent.cancel(job)
     return agent.public(agent.db.get_required(live[0].id))
 
@@ -463,7 +463,7 @@ def suspend(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
     except CgroupError as exc:
         raise StateError(f"cannot suspend job {job.id}: {exc}") from None
     try:
-        job = agent.db.update(job.id, suspended_at=time.time())
+        job = agent.db.change(job, suspended_at=time.time())
     except Exception:
         agent.contain.thaw(job.id, job.attempt)  # not recorded: not suspended either
         raise
@@ -481,7 +481,7 @@ def resume(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
     # Recorded first: a crash after it leaves the job running in the record and frozen in the
     # kernel at worst, which cancel settles (it thaws); the reverse would count a running
     # job's time as suspended. (The reply waits for the write to be durable: group commit.)
-    job = agent.db.update(job.id, suspended_at=None,
+    job = agent.db.change(job, suspended_at=None,
                           suspended_seconds=job.suspended_total(time.time()))
     try:
         agent.contain.thaw(job.id, job.attempt)

@@ -293,7 +293,7 @@ class ClusterNode:
             self.agent.job_ended(self.agent.finalize(job.id, lifecycle.Finalize(
                 state="cancelled", reason=why)))
             return
-        job = db.update(job.id, cancel_requested=1)  # durable before anything is sent
+        job = db.change(job, cancel_requested=True)  # durable before anything is sent
         self.agent.cancel(job)  # as `tether cancel` does: the job's machine stops it
 
     def report_running(self, run: cluster_local.Run, job: Job) -> None:

@@ -20,7 +20,7 @@ import os
 import sqlite3
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -302,6 +302,11 @@ def _stamp(epoch: float) -> str:
 
 
 _JSON_COLS = ("command", "cpus", "gpus", "pids", "env")
+#: columns stored as integers that a Job holds as bools
+_BOOLS = ("cancel_requested", "core_dumped", "held", "oom")
+#: the supervisor's identity: written together (job_facts keeps boot and session only with
+#: the ticks they belong to)
+_IDENTITY = frozenset({"supervisor_ticks", "supervisor_boot", "supervisor_session"})
 
 
 def _row(row: sqlite3.Row) -> Job:
@@ -457,7 +462,8 @@ class Store:
         if self.conn.in_transaction:
             self.conn.execute("ROLLBACK")
 
-    def insert(self, **fields: Any) -> Job:
+    def insert(self, **fields: Any) -> int:
+        """Record a job; its id (read it back with ``get`` when the row is wanted)."""
         for col in _JSON_COLS:
             if col in fields:
                 fields[col] = json.dumps(fields[col])
@@ -466,7 +472,7 @@ class Store:
         cur = self._exec(f"INSERT INTO jobs ({cols}) VALUES ({marks})", tuple(fields.values()))
         job_id = cur.lastrowid
         assert job_id is not None
-        return self.get_required(job_id)
+        return job_id
 
     def set_umask(self, job_id: int, umask: int) -> None:
         self._exec("INSERT OR REPLACE INTO job_umask (id, umask) VALUES (?, ?)", (job_id, umask))
@@ -495,7 +501,9 @@ class Store:
         ).fetchone()
         return int(row[0])
 
-    def update(self, job_id: int, **fields: Any) -> Job:
+    def update(self, job_id: int, **fields: Any) -> None:
+        """Write these fields of a job (across its tables: all or none). Reads nothing back:
+        ``change`` gives the job as it now is, where the caller holds it."""
         for col in _JSON_COLS:
             if col in fields:
                 fields[col] = json.dumps(fields[col])
@@ -532,7 +540,25 @@ class Store:
             if own:
                 self.rollback()
             raise
-        return self.get_required(job_id)
+
+    def change(self, job: Job, **fields: Any) -> Job:
+        """``update`` of a job read in this turn of the loop (so the row is as ``job`` says),
+        returning the job as ``get`` would now read it, without reading it (a read decodes
+        the whole row, the environment too: most of the loop's CPU per job went to them)."""
+        self.update(job.id, **fields)
+        ident = _IDENTITY & fields.keys()
+        if ident and ident != _IDENTITY:
+            # which identity a re-read shows depends on job_facts' own ticks (``_row``)
+            return self.get_required(job.id)
+        for name in _BOOLS:
+            if name in fields:
+                fields[name] = bool(fields[name])
+        if "dependency" in fields:
+            fields["dependency"] = [tuple(d) for d in fields["dependency"]]
+        for col in ("cpus", "gpus", "pids"):
+            if col in fields:
+                fields[col] = list(fields[col])
+        return replace(job, **fields)
 
     def get(self, job_id: int) -> Job | None:
         row = self.conn.execute(f"{_SELECT} WHERE jobs.id = ?", (job_id,)).fetchone()

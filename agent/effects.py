@@ -95,24 +95,25 @@ def apply(agent: Agent, job_id: int, attempt: int, event: lifecycle.Event) -> No
 def perform(agent: Agent, m: lifecycle.Machine, effects: list[lifecycle.Effect]) -> None:
     """Durable effects (writes) and the ledger's now; every other one is held until the
     writes are durable (``hold``: the turn's single fsync), in the machine's order."""
-    ended = False
+    ended: Job | None = None  # as finalized (no write follows a Finalize in one transition)
     for eff in effects:
         if isinstance(eff, lifecycle.Finalize):
-            agent.finalize(m.job, eff)
-            ended = True
+            ended = agent.finalize(m.job, eff)
         elif isinstance(eff, lifecycle.Release):
             agent.release(m.job)
         elif isinstance(eff, lifecycle.Requeue):
             agent.requeue(m, eff.reason)
         elif isinstance(eff, lifecycle.RecordRunning):
             who = agent.idents.get(m.job, {})
-            job = agent.db.update(m.job, state="running", pids=list(eff.pids),
-                                 started_at=eff.started_at or rfc3339_now(), **who)
+            started_at = eff.started_at or rfc3339_now()
+            agent.db.update(m.job, state="running", pids=list(eff.pids),
+                            started_at=started_at, **who)
             agent.idents.pop(m.job, None)  # only once written: a full disk retries it
-            agent.scheduler.running(job)
-            log.info("job %d attempt %d running: pids %s", m.job, m.attempt, job.pids)
+            agent.scheduler.launched(m.job, started_at)
+            log.info("job %d attempt %d running: pids %s", m.job, m.attempt, list(eff.pids))
             if agent.cluster is not None:
-                agent.hold(functools.partial(agent.cluster.job_running, job))
+                agent.hold(functools.partial(agent.cluster.job_running,
+                                             agent.db.get_required(m.job)))
         elif isinstance(eff, lifecycle.RecordPid):
             if eff.pid > 0:
                 agent.db.update(m.job, supervisor_pid=eff.pid)
@@ -121,8 +122,8 @@ def perform(agent: Agent, m: lifecycle.Machine, effects: list[lifecycle.Effect])
                            lambda: agent.feed(m.job, m.attempt, lifecycle.Deadline()))
         else:
             agent.hold(agent.outward(m, eff))
-    if ended:
-        agent.job_ended(agent.db.get_required(m.job))
+    if ended is not None:
+        agent.job_ended(ended)
         agent.schedule_due = True
 
 
@@ -181,7 +182,7 @@ def finalize(agent: Agent, job_id: int, fin: lifecycle.Finalize) -> Job:
         fields["suspended_seconds"] = job.suspended_total(time.time())
     if fin.started_at and not job.started_at:
         fields["started_at"] = fin.started_at
-    job = agent.db.update(job.id, **fields)
+    job = agent.db.change(job, **fields)
     log.info("job %d attempt %d %s: exit_code=%s signal=%s%s", job.id, job.attempt,
              fin.state, fin.exit_code, fin.signal, f" ({fin.reason})" if fin.reason else "")
     return job

@@ -123,7 +123,6 @@ def hello(agent: Agent, link: Link, rd: RunDir, timeout: float, fresh: bool = Fa
         assert link.pidfd is not None
         agent.by_pidfd[link.pidfd] = link
         agent.poller.register(link.pidfd, zmq.POLLIN)
-        job = agent.db.get_required(link.job)
         st = proc_stat(ident.pid)
         session = st.session if st is not None else None
         facts = {"supervisor_pid": ident.pid, "supervisor_ticks": ident.start_ticks,
@@ -135,13 +134,16 @@ def hello(agent: Agent, link: Link, rd: RunDir, timeout: float, fresh: bool = Fa
             # one fsync, fewer on every launch). Before that write, the manifest leads to
             # the step; after it, the database does too (fallback.kill_leftovers).
             agent.idents[link.job] = facts
-        elif (job.supervisor_pid, job.supervisor_ticks, job.supervisor_boot,
-                job.supervisor_session) != tuple(facts.values()):
-            try:
-                agent.db.update(job.id, **facts)
-            except StoreFull as exc:
-                agent.feed(link.job, link.attempt, lifecycle.LinkError(message=exc.message))
-                return
+        else:
+            job = agent.db.get_required(link.job)
+            if (job.supervisor_pid, job.supervisor_ticks, job.supervisor_boot,
+                    job.supervisor_session) != tuple(facts.values()):
+                try:
+                    agent.db.update(job.id, **facts)
+                except StoreFull as exc:
+                    agent.feed(link.job, link.attempt,
+                               lifecycle.LinkError(message=exc.message))
+                    return
         if phase == "ready" and not m.cancel and agent_fault(agent.cfg.faults,
                                                              "stall-before-claim"):
             log.warning("job %d: fault injection: not claiming", link.job)

@@ -39,7 +39,7 @@ def start(agent: Agent, job: Job) -> bool:
         return False
     attempt = job.attempt + 1
     try:
-        job = agent.db.update(job.id, state="starting", attempt=attempt,
+        job = agent.db.change(job, state="starting", attempt=attempt,
                              cpus=list(alloc.cpus), gpus=list(alloc.gpus), pids=[],
                              supervisor_pid=None, supervisor_ticks=None,
                              supervisor_boot=None, supervisor_session=None)

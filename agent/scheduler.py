@@ -65,6 +65,10 @@ class Scheduler:
         agent = self.agent
         now = time.time()
         jobs, more = self.queue(now)
+        if not jobs:  # nothing waits: nothing to plan (most passes of a busy node's ends)
+            self.reasons = {}
+            self.queue_end = None
+            return
         first_begin: float | None = None
         states = agent.db.states_of({j for job in jobs for _, j in job.dependency})
         pending: list[schedule.Pending] = []
@@ -164,9 +168,17 @@ class Scheduler:
         self.run_info[job.id] = RunInfo(job.time_limit, time.time(), job.array_id)
 
     def running(self, job: Job) -> None:
-        """The supervisor's own start of the tasks (recorded, or found at reattach): where
-        its time limit counts from."""
+        """The supervisor's own start of the tasks, found at reattach: where its time limit
+        counts from."""
         self.run_info[job.id] = RunInfo(job.time_limit, stamps.epoch(job.started_at), job.array_id)
+
+    def launched(self, job_id: int, started_at: str) -> None:
+        """The supervisor's own start of the tasks, just recorded (``started`` told the rest)."""
+        info = self.run_info.get(job_id)
+        if info is None:  # not started by this agent, nor found at its start: cannot be
+            self.running(self.agent.db.get_required(job_id))
+        else:
+            info.start = stamps.epoch(started_at)
 
     def released(self, job_id: int) -> None:
         self.run_info.pop(job_id, None)
