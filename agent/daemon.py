@@ -160,6 +160,7 @@ class Agent:
             raise AgentError(f"another agent is running on {self.cfg.state_dir}") from None
         os.ftruncate(self.lock_fd, 0)
         os.write(self.lock_fd, f"{os.getpid()}\n".encode())
+        statedir.make_run_root(self.dir_fd)  # the run directories spread out (statedir.py)
         old_umask = os.umask(0o077)  # the job table holds environments: root's eyes only
         try:
             self.store = Store(self.layout.db)
