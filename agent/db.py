@@ -20,7 +20,7 @@ import os
 import sqlite3
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -161,17 +161,23 @@ _SCHED = ("time_limit", "held", "dependency", "array_id", "array_index", "array_
           "begin_at")
 #: the fields of Job kept in job_cgroup
 _CGROUP = ("oom", "suspended_at", "suspended_seconds")
+#: the columns of ``jobs`` a Job is read from, in the order ``_row`` takes them
+_JOBS_COLUMNS = ("id", "name", "command", "state", "attempt", "exit_code", "signal", "reason",
+                 "cpus_per_task", "ntasks", "gpus_req", "memory_mb", "cpus", "gpus",
+                 "supervisor_pid", "supervisor_ticks", "pids", "output", "error", "workdir",
+                 "env", "submitted_at", "started_at", "ended_at", "cancel_requested", "pmi",
+                 "user", "uid", "gid")
 #: every query reads jobs through this: job_facts' identity counts only while it is of the
 #: supervisor the jobs row names (an agent rolled back to 0.1.0 updates jobs alone)
-_SELECT = ("SELECT jobs.*, f.supervisor_ticks AS facts_ticks, f.supervisor_boot, "
-           "f.supervisor_session, COALESCE(f.core_dumped, 0) AS core_dumped, "
-           "s.time_limit, COALESCE(s.held, 0) AS held, s.dependency, s.array_id, "
-           "s.array_index, s.array_max, s.begin_at, "
-           "COALESCE(cg.oom, 0) AS oom, cg.suspended_at, "
-           "COALESCE(cg.suspended_seconds, 0) AS suspended_seconds "
+_SELECT = ("SELECT " + ", ".join(f"jobs.{c}" for c in _JOBS_COLUMNS) + ", "
+           "f.supervisor_ticks, f.supervisor_boot, f.supervisor_session, "
+           "COALESCE(f.core_dumped, 0), s.time_limit, COALESCE(s.held, 0), s.dependency, "
+           "s.array_id, s.array_index, s.array_max, s.begin_at, COALESCE(cg.oom, 0), "
+           "cg.suspended_at, COALESCE(cg.suspended_seconds, 0) "
            "FROM jobs LEFT JOIN job_facts f ON f.job = jobs.id "
            "LEFT JOIN job_sched s ON s.id = jobs.id "
            "LEFT JOIN job_cgroup cg ON cg.job = jobs.id")
+
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
@@ -309,18 +315,29 @@ _BOOLS = ("cancel_requested", "core_dumped", "held", "oom")
 _IDENTITY = frozenset({"supervisor_ticks", "supervisor_boot", "supervisor_session"})
 
 
-def _row(row: sqlite3.Row) -> Job:
-    d = dict(row)
-    for col in _JSON_COLS:
-        d[col] = json.loads(d[col])
-    d["cancel_requested"] = bool(d["cancel_requested"])
-    d["core_dumped"] = bool(d.get("core_dumped"))
-    d["held"] = bool(d.get("held"))
-    d["dependency"] = [tuple(x) for x in json.loads(d.get("dependency") or "[]")]
-    d["oom"] = bool(d.get("oom"))
-    if d.pop("facts_ticks", None) != d["supervisor_ticks"]:
-        d["supervisor_boot"] = d["supervisor_session"] = None
-    return Job(**d)
+def _list(text: str) -> Any:
+    return [] if text == "[]" else json.loads(text)
+
+
+def _row(row: tuple[Any, ...]) -> Job:
+    """A row of ``_SELECT`` as a Job: by position (the loop reads a few rows per job)."""
+    (job_id, name, command, state, attempt, exit_code, signal, reason, cpus_per_task, ntasks,
+     gpus_req, memory_mb, cpus, gpus, supervisor_pid, supervisor_ticks, pids, output, error,
+     workdir, env, submitted_at, started_at, ended_at, cancel_requested, pmi, user, uid, gid,
+     facts_ticks, supervisor_boot, supervisor_session, core_dumped, time_limit, held,
+     dependency, array_id, array_index, array_max, begin_at, oom, suspended_at,
+     suspended_seconds) = row
+    if facts_ticks != supervisor_ticks:
+        supervisor_boot = supervisor_session = None
+    return Job(job_id, name, json.loads(command), state, attempt, exit_code, signal, reason,
+               cpus_per_task, ntasks, gpus_req, memory_mb, _list(cpus), _list(gpus),
+               supervisor_pid, supervisor_ticks, _list(pids), output, error, workdir,
+               json.loads(env), submitted_at, started_at, ended_at, bool(cancel_requested),
+               pmi, user, uid, gid, supervisor_boot, supervisor_session, bool(core_dumped),
+               time_limit, bool(held),
+               [tuple(x) for x in json.loads(dependency)] if dependency else [],
+               array_id, array_index, array_max, begin_at, None, bool(oom), suspended_at,
+               suspended_seconds)
 
 
 class StoreFull(Unavailable):
@@ -558,7 +575,11 @@ class Store:
         for col in ("cpus", "gpus", "pids"):
             if col in fields:
                 fields[col] = list(fields[col])
-        return replace(job, **fields)
+        # dataclasses.replace would call __init__ over Job's 40-odd fields (~35 us, a re-read's
+        # worth): a Job is a plain instance, so a copy of its attributes is the same thing
+        new = object.__new__(Job)
+        new.__dict__.update(job.__dict__, **fields)
+        return new
 
     def get(self, job_id: int) -> Job | None:
         row = self.conn.execute(f"{_SELECT} WHERE jobs.id = ?", (job_id,)).fetchone()

@@ -94,12 +94,14 @@ class Scheduler:
         running = []
         # time suspended is not run time (the supervisor moves the limit on by it): a job
         # suspended now has no end to plan by, one suspended before ends that much later
-        suspended = agent.db.suspensions() if agent.allocations else {}
+        suspended: dict[int, tuple[float | None, float]] | None = None  # read once, if needed
         for job_id, a in agent.allocations.items():
             info = self.run_info.get(job_id, RunInfo())
             end = info.end(now)
-            since, seconds = suspended.get(job_id, (None, 0.0))
-            if end is not None:
+            if end is not None:  # only a job with a time limit has an end
+                if suspended is None:
+                    suspended = agent.db.suspensions()
+                since, seconds = suspended.get(job_id, (None, 0.0))
                 end = None if since is not None else end + seconds
             running.append(schedule.Running(
                 job_id, schedule.Res(len(a.cpus), len(a.gpus), a.memory_mb), end, info.group))

@@ -22,6 +22,11 @@ def agent(state_dir: str, ns: argparse.Namespace) -> int:
 
     logging.basicConfig(level=ns.log_level, stream=sys.stderr,
                         format="%(asctime)s agent[%(process)d] %(levelname)s %(message)s")
+    # What the format does not show is not gathered for each record (the logging HOWTO's
+    # "Optimization"): no caller's frame walk, thread or multiprocessing name
+    logging._srcfile = None
+    logging.logThreads = False
+    logging.logMultiprocessing = False
     allowed = allowed_cpus()
     if ns.cpus and ns.cpus > len(allowed) and not ns.oversubscribe:
         raise CliError(f"agent: --cpus {ns.cpus} is more than the {len(allowed)} CPUs this "

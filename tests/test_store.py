@@ -69,8 +69,11 @@ def test_changes_in_a_row_follow_the_database(tmp_path: Any) -> None:
     try:
         job = _submit(store, 5)
         for fields in CHANGES:
-            job = store.change(job, **dict(fields))
-            assert job == store.get_required(5), fields
+            before = dict(vars(job))
+            changed = store.change(job, **dict(fields))
+            assert changed == store.get_required(5), fields
+            assert vars(job) == before and changed is not job  # the caller's job is left be
+            job = changed
     finally:
         store.close()
 
@@ -83,5 +86,32 @@ def test_insert_and_update_read_nothing_back(tmp_path: Any) -> None:
                             workdir="/w", env={}, submitted_at="2026-12-01T00:00:00.000Z") == 9
         assert store.update(9, state="starting", attempt=1) is None
         assert store.get_required(9).state == "starting"
+    finally:
+        store.close()
+
+
+def test_every_field_reads_back_as_written(tmp_path: Any) -> None:
+    store = _store(tmp_path)
+    written: dict[str, Any] = {
+        "name": "n", "command": ["c", "1"], "state": "running", "attempt": 3, "exit_code": 4,
+        "signal": 5, "reason": "r", "cpus_per_task": 6, "ntasks": 7, "gpus_req": 8,
+        "memory_mb": 9, "cpus": [10, 11], "gpus": [12], "supervisor_pid": 13,
+        "supervisor_ticks": 14, "pids": [15, 16], "output": "/o", "error": "/e",
+        "workdir": "/w", "env": {"K": "v"}, "submitted_at": "s1", "started_at": "s2",
+        "ended_at": "s3", "cancel_requested": True, "pmi": "pmi2", "user": "u", "uid": 17,
+        "gid": 18, "supervisor_boot": "b", "supervisor_session": 19, "core_dumped": True,
+        "time_limit": 20.5, "held": True, "dependency": [("afterok", 21)], "array_id": 22,
+        "array_index": 23, "array_max": 24, "begin_at": 25.5, "oom": True,
+        "suspended_at": 26.5, "suspended_seconds": 27.5,
+    }
+    try:
+        first = ("name", "command", "state", "cpus_per_task", "ntasks", "gpus_req",
+                 "memory_mb", "output", "error", "workdir", "env", "submitted_at")
+        store.insert(id=2, **{k: written[k] for k in first})
+        store.update(2, **{k: v for k, v in written.items() if k not in first})
+        job = store.get_required(2)
+        assert {k: getattr(job, k) for k in written} == written
+        assert job.id == 2 and job.pending_reason is None
+        assert store.all() == [job] and store.page(0, 5) == [job]
     finally:
         store.close()
