@@ -107,26 +107,61 @@ def _reservation(need: Res, free: Res, ends: list[tuple[float | None, Res]],
     return None
 
 
+class _Holding:
+    """What the running jobs, and those the plan starts, hold: their expected ends and the
+    count per array. ``running`` is read only once a pending job needs either (a blocked job,
+    an array with a ``%MAX``): a pass whose jobs all fit reads none of a busy node's jobs."""
+
+    def __init__(self, running: Iterable[Running], now: float, grace: float) -> None:
+        self.running: Iterable[Running] | None = running
+        self.now = now
+        self.grace = grace
+        self._ends: list[tuple[float | None, Res]] = []
+        self._groups: Counter[int] = Counter()
+
+    def _read(self) -> None:
+        if self.running is None:
+            return
+        started, self._ends = self._ends, []
+        for r in self.running:
+            self._ends.append((None if r.end is None else max(self.now, r.end + self.grace),
+                               r.holds))
+            if r.group is not None:
+                self._groups[r.group] += 1
+        self._ends += started
+        self.running = None
+
+    def ends(self) -> list[tuple[float | None, Res]]:
+        self._read()
+        return self._ends
+
+    def in_group(self, group: int) -> int:
+        self._read()
+        return self._groups[group]
+
+    def started(self, end: float | None, need: Res, group: int | None) -> None:
+        self._ends.append((end, need))
+        if group is not None:
+            self._groups[group] += 1
+
+
 def plan(pending: Iterable[Pending], running: Iterable[Running], free: Res, now: float,
          grace: float = 0.0) -> Plan:
     """Which of ``pending`` (in queue order) start now, and why the others wait.
 
     ``free`` is what is free now; ``grace`` is added to every time limit (the kill grace, how
-    long a job at its limit may still hold its resources).
+    long a job at its limit may still hold its resources). ``running`` is iterated at most
+    once, and only if a pending job's fate depends on it.
     """
     out = Plan()
-    ends: list[tuple[float | None, Res]] = []
-    groups: Counter[int] = Counter()
-    for r in running:
-        ends.append((None if r.end is None else max(now, r.end + grace), r.holds))
-        if r.group is not None:
-            groups[r.group] += 1
+    holding = _Holding(running, now, grace)
     shadow: tuple[float, Res] | None = None
     for p in pending:
         if p.blocked is not None:
             out.reasons[p.id] = p.blocked
             continue
-        if p.group is not None and p.group_max is not None and groups[p.group] >= p.group_max:
+        if p.group is not None and p.group_max is not None and \
+                holding.in_group(p.group) >= p.group_max:
             out.reasons[p.id] = ARRAY_LIMIT
             continue
         fits = p.need.within(free)
@@ -135,7 +170,7 @@ def plan(pending: Iterable[Pending], running: Iterable[Running], free: Res, now:
             if not fits:
                 out.blocked = p.id
                 out.reasons[p.id] = RESOURCES
-                shadow = _reservation(p.need, free, ends)
+                shadow = _reservation(p.need, free, holding.ends())
                 out.shadow = None if shadow is None else shadow[0]
                 continue
         elif shadow is None or not fits:
@@ -148,9 +183,7 @@ def plan(pending: Iterable[Pending], running: Iterable[Running], free: Res, now:
             shadow = (shadow[0], shadow[1] - p.need)  # it still runs then: out of the extra
         out.start.append(p.id)
         free = free - p.need
-        ends.append((end, p.need))
-        if p.group is not None:
-            groups[p.group] += 1
+        holding.started(end, p.need, p.group)
     return out
 
 

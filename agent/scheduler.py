@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -91,23 +92,11 @@ class Scheduler:
                 job.time_limit, blocked, job.array_id, job.array_max))
         if first_begin is not None:
             self.wake_at(first_begin, now)
-        running = []
-        # time suspended is not run time (the supervisor moves the limit on by it): a job
-        # suspended now has no end to plan by, one suspended before ends that much later
-        suspended: dict[int, tuple[float | None, float]] | None = None  # read once, if needed
-        for job_id, a in agent.allocations.items():
-            info = self.run_info.get(job_id, RunInfo())
-            end = info.end(now)
-            if end is not None:  # only a job with a time limit has an end
-                if suspended is None:
-                    suspended = agent.db.suspensions()
-                since, seconds = suspended.get(job_id, (None, 0.0))
-                end = None if since is not None else end + seconds
-            running.append(schedule.Running(
-                job_id, schedule.Res(len(a.cpus), len(a.gpus), a.memory_mb), end, info.group))
         free = schedule.Res(len(agent.ledger.free_cpus), len(agent.ledger.free_gpus),
                             agent.ledger.free_memory)
-        plan = schedule.plan(pending, running, free, now, grace=agent.cfg.cancel_grace)
+        # the running jobs are read only if the plan needs them (schedule.plan)
+        plan = schedule.plan(pending, self.running_jobs(now), free, now,
+                             grace=agent.cfg.cancel_grace)
         self.reasons = plan.reasons
         self.queue_end = jobs[-1].id if more else None
         for n, job_id in enumerate(plan.start):
@@ -121,6 +110,23 @@ class Scheduler:
             agent.job_ended(agent.finalize(queued.id, lifecycle.Finalize(
                 state="cancelled", reason=schedule.NEVER)))
             agent.schedule_due = True  # its own dependents, next pass
+
+    def running_jobs(self, now: float) -> Iterator[schedule.Running]:
+        """Every job holding resources, as the plan sees it."""
+        agent = self.agent
+        # time suspended is not run time (the supervisor moves the limit on by it): a job
+        # suspended now has no end to plan by, one suspended before ends that much later
+        suspended: dict[int, tuple[float | None, float]] | None = None  # read once, if needed
+        for job_id, a in agent.allocations.items():
+            info = self.run_info.get(job_id, RunInfo())
+            end = info.end(now)
+            if end is not None:  # only a job with a time limit has an end
+                if suspended is None:
+                    suspended = agent.db.suspensions()
+                since, seconds = suspended.get(job_id, (None, 0.0))
+                end = None if since is not None else end + seconds
+            yield schedule.Running(
+                job_id, schedule.Res(len(a.cpus), len(a.gpus), a.memory_mb), end, info.group)
 
     def wake_at(self, when: float, now: float) -> None:
         """Have a pass run at ``when`` (epoch seconds: a job's --begin), unless one is due

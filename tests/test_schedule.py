@@ -3,6 +3,7 @@ Slurm notations of ``shared/jobopts.py``, each as a table of scenarios."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import pytest
@@ -127,6 +128,31 @@ def test_plan(case: Case) -> None:
     assert got.start == case.start
     assert got.reasons == case.reasons
     assert got.shadow == case.shadow
+
+
+class _Counted:
+    """The running jobs as an iterable that counts how often it is read."""
+
+    def __init__(self, running: list[Running]) -> None:
+        self.running = running
+        self.reads = 0
+
+    def __iter__(self) -> Iterator[Running]:
+        self.reads += 1
+        return iter(self.running)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_plan_reads_the_running_jobs_once_and_only_when_a_job_needs_them(case: Case) -> None:
+    """A pass whose jobs all fit reads none of a busy node's running jobs (agent/scheduler.py
+    builds them one by one as they are read); any other reads them once, with the same plan."""
+    counted = _Counted(case.running)
+    got = plan(case.pending, counted, case.free, NOW, grace=case.grace)
+    assert (got.start, got.reasons, got.shadow) == (case.start, case.reasons, case.shadow)
+    needed = got.blocked is not None or any(
+        p.blocked is None and p.group is not None and p.group_max is not None
+        for p in case.pending)
+    assert counted.reads == (1 if needed else 0)
 
 
 @pytest.mark.parametrize("case", [c for c in CASES if c.shadow is not None],
