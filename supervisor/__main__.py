@@ -2,6 +2,12 @@
 
 Everything the supervisor will ever need is imported here, before the step starts, so that a
 package upgrade under a long-running supervisor cannot break it halfway through a job.
+
+A supervisor forked from the template (template.py) enters at ``start``, with logging already
+configured by the template: reading a command line or building a logging handler in every
+forked supervisor would write to hundreds of the template's memory pages (reference counts,
+caches), each of which then becomes a private copy of that supervisor's (bench/README.md,
+memory).
 """
 
 from __future__ import annotations
@@ -32,9 +38,8 @@ _FD_OPTIONS = ("--lock-fd", "--resume-fd", "--ready-fd")
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    """The command line as the agent, the template and a re-exec write it, read directly: a
-    supervisor forked from the template would spend ~1 ms of CPU (and copy-on-write faults)
-    building an ArgumentParser on every start. Anything else (an abbreviation, a missing or
+    """The command line as the agent's cold start and a re-exec write it, read directly: an
+    ArgumentParser costs ~1 ms of CPU on every start. Anything else (an abbreviation, a missing or
     malformed value, ``--help``) goes through argparse, which reads it the same way or says
     what is wrong."""
     got: dict[str, object] = {"run_dir": None, "lock_fd": None, "resume_fd": None,
@@ -74,6 +79,42 @@ def _argparse(argv: list[str]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+class LogFormatter(logging.Formatter):
+    """Every line names the supervisor that wrote it (``who``: its pid and step, set once it
+    knows them), so that one formatter serves every supervisor the template forks."""
+
+    who = "supervisor"
+
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(who)s %(levelname)s %(message)s")
+
+    def format(self, record: logging.LogRecord) -> str:
+        record.who = self.who
+        return super().format(record)
+
+
+_formatter: LogFormatter | None = None
+
+
+def configure_logging() -> LogFormatter:
+    """The root logger writes INFO and up to stderr (once per process: the template does it
+    before it forks, for all its supervisors). Records skip what the format never shows: the
+    caller's file and line (a frame walk per record), thread and process names."""
+    global _formatter
+    if _formatter is None:
+        logging._srcfile = None  # documented: no sys._getframe() walk per record
+        logging.logThreads = False
+        logging.logProcesses = False
+        logging.logMultiprocessing = False
+        _formatter = LogFormatter()
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(_formatter)
+        root = logging.getLogger()
+        root.addHandler(handler)
+        root.setLevel(logging.INFO)
+    return _formatter
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv == ["--handover-formats"]:
@@ -82,28 +123,32 @@ def main(argv: list[str] | None = None) -> int:
         print(f"formats {formats} {tether.__version__}")
         return 0
     args = parse_args(argv)
-    name = os.path.basename(os.path.normpath(args.run_dir))
+    return start(args.run_dir, args.lock_fd, ready_fd=args.ready_fd, resume_fd=args.resume_fd,
+                 warm=args.warm)
+
+
+def start(run_dir: str, lock_fd: int, *, ready_fd: int = -1, resume_fd: int | None = None,
+          warm: bool = False) -> int:
+    """The supervisor, from its parsed command line on (the template calls this directly)."""
+    name = os.path.basename(os.path.normpath(run_dir))
     try:
         job_s, attempt_s = name.split(".")
-        rd = RunDir(os.path.abspath(args.run_dir), int(job_s), int(attempt_s))
+        rd = RunDir(os.path.abspath(run_dir), int(job_s), int(attempt_s))
     except ValueError:
-        print(f"tether-supervisor: {args.run_dir}: not a run directory", file=sys.stderr)
+        print(f"tether-supervisor: {run_dir}: not a run directory", file=sys.stderr)
         return 2
-    logging.basicConfig(
-        level=logging.INFO, stream=sys.stderr,
-        format=f"%(asctime)s supervisor[{os.getpid()}] job={rd.job}.{rd.attempt} "
-               "%(levelname)s %(message)s")
+    configure_logging().who = f"supervisor[{os.getpid()}] job={rd.job}.{rd.attempt}"
     log = logging.getLogger("tether.supervisor")
     try:
         # The agent took this lock before spawning us and handed us the fd; re-taking it on
         # the same open file is a no-op that proves we really hold it.
-        fcntl.flock(args.lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        os.set_inheritable(args.lock_fd, False)
-        if args.ready_fd >= 0:
-            os.set_inheritable(args.ready_fd, False)
-        held, on_disk = os.fstat(args.lock_fd), os.stat(rd.lock, follow_symlinks=False)
+        fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.set_inheritable(lock_fd, False)
+        if ready_fd >= 0:
+            os.set_inheritable(ready_fd, False)
+        held, on_disk = os.fstat(lock_fd), os.stat(rd.lock, follow_symlinks=False)
     except OSError as exc:
-        log.error("run directory lock (fd %d) is not ours: %s", args.lock_fd, exc)
+        log.error("run directory lock (fd %d) is not ours: %s", lock_fd, exc)
         return 2
     if (held.st_dev, held.st_ino) != (on_disk.st_dev, on_disk.st_ino):
         # A spawn the agent gave up on and redid: that attempt's run directory was made anew,
@@ -130,11 +175,11 @@ def main(argv: list[str] | None = None) -> int:
             if event == "import":
                 log.error("late import of %s after start-up", details[0])
         sys.addaudithook(audit)
-    sup = Supervisor(rd, spec, args.lock_fd, args.ready_fd)
-    sup.start_kind = "warm" if args.warm else "cold"
-    if args.resume_fd is not None:
+    sup = Supervisor(rd, spec, lock_fd, ready_fd)
+    sup.start_kind = "warm" if warm else "cold"
+    if resume_fd is not None:
         try:
-            state = tether.supervisor.handover.read_state(args.resume_fd)
+            state = tether.supervisor.handover.read_state(resume_fd)
         except Exception as exc:  # nothing to serve from: the lock's release tells the agent
             log.critical("cannot take over the handed-over state: %s", exc)
             return 2

@@ -63,7 +63,8 @@ class Supervisor(Requests, Claims, Terminating, Reaping, PmiLoop, Recording, Fol
     """One step's supervisor: the loop here, the rest in its parts (see the module docstring)."""
 
     def run(self) -> int:
-        reset_signal_dispositions(unblock=False)
+        if self.start_kind != "warm":  # (a warm one has the template's, reset at its start)
+            reset_signal_dispositions(unblock=False)
         wake_r, wake_w = socket.socketpair()
         wake_r.setblocking(False)
         wake_w.setblocking(False)

@@ -1,9 +1,10 @@
 """The warm supervisor template: ``python -I -m tether.supervisor.template --socket PATH``.
 
 Theory of operation. A cold supervisor spends ~85 ms starting Python and importing; this process
-pays that once. It imports everything a supervisor ever loads, creates no ZeroMQ context and no
-thread, moves every object it made into the permanent GC generation (``gc.freeze``: the
-collector then never writes to those pages, so forked children keep sharing them), and waits on
+pays that once. It imports everything a supervisor ever loads, configures the supervisors'
+logging, creates no ZeroMQ context and no thread, moves every object it made into the permanent
+GC generation (``gc.freeze``: the collector then never writes to those pages, so forked
+children keep sharing them), and waits on
 a ``SOCK_SEQPACKET`` socket only its own uid can use (0600 file, ``SO_PEERCRED`` checked). For
 each spawn request (the run directory, the supervisor's environment and umask; the run-dir lock,
 ``supervisors.log`` and the ready pipe as SCM_RIGHTS fds) it forks twice, exactly as the cold
@@ -20,7 +21,16 @@ What a supervisor must not inherit from here, and how it is prevented (``become_
 - random state: ``random`` is reseeded from the kernel, and so is libc's ``rand()``, which
   libzmq uses for ROUTER peer ids and never seeds itself (unforked supervisors all start from
   glibc's default seed; these get distinct, unguessable sequences);
-- environment, umask, cwd, signal dispositions: set from the request, ``/`` and the defaults.
+- environment, umask, cwd: set from the request and ``/``; signal dispositions: this process
+  resets them to the defaults once, at its start, and never handles a signal itself.
+
+Memory. What a supervisor shares with this process is whatever it never writes to; CPython 3.11
+writes to every object it touches (reference counts), so each page a forked supervisor touches
+becomes a private copy of its own. This process therefore does, once and before it forks, what
+every supervisor would otherwise do for itself (argument parsing is skipped: ``entry.start``;
+logging is configured here), and empties CPython's type attribute cache before it freezes: a
+child's cache misses would otherwise each evict an entry and write to the evicted attribute
+name's page, at random across the whole heap (bench/README.md has the figures).
 
 Running supervisors never depend on the template: they share nothing with it after the fork.
 The template leaves when asked (an agent of another code identity replaces it) and when its
@@ -39,7 +49,6 @@ import logging
 import os
 import random
 import select
-import signal
 import socket
 import sys
 
@@ -49,6 +58,7 @@ import tether.supervisor.__main__ as entry
 import tether.supervisor.pmi_io  # noqa: F401  (everything a supervisor may load, loaded now)
 from tether.shared import template_wire
 from tether.shared.template_wire import TemplateError
+from tether.supervisor.service import reset_signal_dispositions
 
 log = logging.getLogger("tether.template")
 
@@ -63,6 +73,10 @@ _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True
 _libc.srand.argtypes = [ctypes.c_uint]
 _libc.srand.restype = None
 
+#: this process's environment when it began to serve: what a supervisor's differs by is all it
+#: changes of ``os.environ`` (rebuilding the whole mapping touches every entry)
+_environ: dict[str, str] = {}
+
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="tether-template")
@@ -74,9 +88,10 @@ def main(argv: list[str] | None = None) -> int:
     log.addHandler(handler)
     log.setLevel(logging.INFO)
     log.propagate = False
-    # The detaching shell started us as a background job: SIGINT and SIGQUIT arrive ignored.
-    for sig in (signal.SIGINT, signal.SIGQUIT):
-        signal.signal(sig, signal.SIG_DFL)
+    # The detaching shell started us as a background job: SIGINT and SIGQUIT arrive ignored,
+    # and ignored signals would be every supervisor's (and their tasks') too.
+    reset_signal_dispositions()
+    entry.configure_logging()  # the supervisors' root logger; each one only names itself
     identity = template_wire.code_identity()
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     with contextlib.suppress(FileNotFoundError):
@@ -91,7 +106,10 @@ def main(argv: list[str] | None = None) -> int:
     setproctitle.setproctitle(f"tether-template dir={os.path.dirname(args.socket)}")
     log.info("supervisor template %s ready on %s", identity, args.socket)
     sys.stderr.flush()
+    global _environ
+    _environ = dict(os.environ)
     gc.collect()
+    sys._clear_type_cache()  # (see the module's docstring: Memory)
     gc.freeze()  # from here on the collector leaves the imported world's pages alone
     sock.settimeout(CHECK_INTERVAL)
     while True:
@@ -217,10 +235,12 @@ def become_supervisor(run_dir: str, env: dict[str, str], umask: int, lock_fd: in
         after_fork(keep=(lock_fd, ready_fd), log_fd=log_fd)
         os.chdir("/")
         os.umask(umask)
-        os.environ.clear()
-        os.environ.update(env)
-        rc = entry.main(["--run-dir", run_dir, "--lock-fd", str(lock_fd),
-                         "--ready-fd", str(ready_fd), "--warm"])
+        for key in _environ.keys() - env.keys():
+            del os.environ[key]
+        for key, value in env.items():
+            if _environ.get(key) != value:
+                os.environ[key] = value
+        rc = entry.start(run_dir, lock_fd, ready_fd=ready_fd, warm=True)
     except SystemExit as exc:
         rc = exc.code if isinstance(exc.code, int) else EXIT_SETUP_FAILED
     except BaseException:
@@ -247,9 +267,7 @@ def after_fork(*, keep: tuple[int, ...], log_fd: int) -> None:
     os.closerange(low, os.sysconf("SC_OPEN_MAX"))
     for fd in keep:
         os.set_inheritable(fd, False)
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT, signal.SIGHUP, signal.SIGCHLD):
-        signal.signal(sig, signal.SIG_DFL)
-    random.seed()
+    random.seed()  # (its own at-fork hook does too; this is the promise, in one place)
     _libc.srand(int.from_bytes(os.urandom(4), sys.byteorder))
     log.handlers.clear()  # the supervisor logs through the root logger, set up by its main
 

@@ -111,6 +111,68 @@ def test_forked_supervisor_is_detached_and_inherits_nothing(make_node: object) -
         assert n.wait_end(jobs[n])["state"] == "cancelled"
 
 
+def test_signals_the_agent_ignores_reach_neither_supervisors_nor_tasks(
+        make_node: object) -> None:
+    """Ignored dispositions survive exec: an agent started with some ignored would hand them
+    to the template, and on to every supervisor and task. The template resets them once, at
+    its start (a warm supervisor does nothing about them); a cold one resets them itself."""
+    warm: Node = make_node()  # type: ignore[operator]
+    cold: Node = make_node(extra=[])  # type: ignore[operator]
+    cold.env["TETHER_AGENT_FAULT"] = "no-template"
+    ignored = (signal.SIGALRM, signal.SIGWINCH)
+    saved = [signal.signal(sig, signal.SIG_IGN) for sig in ignored]
+    try:
+        warm.start()
+        cold.start()
+        wait_template(warm)
+    finally:
+        for sig, old in zip(ignored, saved, strict=True):
+            signal.signal(sig, old)
+    jobs = {n: n.submit("sleep", "60") for n in (warm, cold)}
+    for n, job in jobs.items():
+        sup = supervisor_of(n, job)
+        task = n.running_manifest(job)["tasks"][0]["pid"]
+        mask = int(status_of(sup)["SigIgn"], 16)
+        assert not mask & sum(1 << (sig - 1) for sig in ignored), f"supervisor SigIgn {mask:x}"
+        assert int(status_of(task)["SigIgn"], 16) == 0, status_of(task)["SigIgn"]
+        n.ok("cancel", str(job))
+        assert n.wait_end(job)["state"] == "cancelled"
+
+
+def test_a_kept_template_gives_each_supervisor_the_environment_of_its_agent(
+        node: Node) -> None:
+    """The template outlives agents; a supervisor's environment is its agent's (here: the
+    supervisor fault switches), whatever the template's own was: changed variables are set,
+    variables the agent does not pass are removed, the others kept."""
+    fault = "TETHER_SUPERVISOR_FAULT"
+
+    def usr2_ends_a_supervisor() -> bool:
+        job = node.submit("sleep", "60")
+        sup = supervisor_of(node, job)
+        assert "warm start" in start_line(node, sup)
+        os.kill(sup, signal.SIGUSR2)
+
+        def outcome() -> str | None:
+            with open(node.layout.supervisor_log) as f:
+                if any(f"supervisor[{sup}] " in ln and "received SIGUSR2: ignored" in ln
+                       for ln in f):
+                    return "ignored"
+            return "lost" if node.job(job)["state"] == "lost" else None
+        got = poll_until(outcome, 30, "the supervisor to log or die of SIGUSR2")
+        if got == "ignored":
+            node.ok("cancel", str(job))
+            assert node.wait_end(job)["state"] == "cancelled"
+        return got == "lost"
+
+    node.start(env={fault: "error-on-usr2"})
+    template = wait_template(node)
+    for env, dies in (({fault: "hold-scan"}, False), ({}, False), ({fault: "error-on-usr2"}, True)):
+        node.stop(signal.SIGKILL)
+        node.start(env=env)
+        assert node.template_pids() == [template]
+        assert usr2_ends_a_supervisor() == dies, f"with {env}"
+
+
 FORK_PROBE = r"""
 import os, random, sys, ctypes, ctypes.util
 from tether.supervisor import template
