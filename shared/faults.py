@@ -85,6 +85,9 @@ FAULTS = (
     Fault("TETHER_AUDIT_IMPORTS", "1", "each supervisor",
           "an audit hook logs `late import of M after start-up` to `supervisors.log` for any "
           "module imported once start-up is over"),
+    Fault("TETHER_RECORD_CALLS", "DIR", "each supervisor forked from the template",
+          "writes `DIR/PID.calls` as it exits: every function it ran, in the order it first "
+          "ran them (`python -m bench.hotcode` makes the list the template packs from them)"),
 )
 
 _NAMES = {(f.variable, f.name) for f in FAULTS}

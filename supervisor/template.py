@@ -28,9 +28,10 @@ Memory. What a supervisor shares with this process is whatever it never writes t
 writes to every object it touches (reference counts), so each page a forked supervisor touches
 becomes a private copy of its own. This process therefore does, once and before it forks, what
 every supervisor would otherwise do for itself (argument parsing is skipped: ``entry.start``;
-logging is configured here), and empties CPython's type attribute cache before it freezes: a
-child's cache misses would otherwise each evict an entry and write to the evicted attribute
-name's page, at random across the whole heap (bench/README.md has the figures).
+logging is configured here), packs the code objects supervisors run onto few pages
+(hotcode.py), and empties CPython's type attribute cache before it freezes: a child's cache
+misses would otherwise each evict an entry and write to the evicted attribute name's page, at
+random across the whole heap (bench/README.md has the figures).
 
 Running supervisors never depend on the template: they share nothing with it after the fork.
 The template leaves when asked (an agent of another code identity replaces it) and when its
@@ -58,6 +59,7 @@ import tether.supervisor.__main__ as entry
 import tether.supervisor.pmi_io  # noqa: F401  (everything a supervisor may load, loaded now)
 from tether.shared import template_wire
 from tether.shared.template_wire import TemplateError
+from tether.supervisor import hotcode, hotcode_list
 from tether.supervisor.service import reset_signal_dispositions
 
 log = logging.getLogger("tether.template")
@@ -104,10 +106,12 @@ def main(argv: list[str] | None = None) -> int:
     sock.listen(1024)  # a burst of submits queues here, answered in order
     inode = os.stat(args.socket).st_ino
     setproctitle.setproctitle(f"tether-template dir={os.path.dirname(args.socket)}")
-    log.info("supervisor template %s ready on %s", identity, args.socket)
-    sys.stderr.flush()
     global _environ
     _environ = dict(os.environ)
+    packed = hotcode.pack(hotcode_list.HOT)
+    log.info("supervisor template %s ready on %s (%d functions' code packed)", identity,
+             args.socket, packed)
+    sys.stderr.flush()
     gc.collect()
     sys._clear_type_cache()  # (see the module's docstring: Memory)
     gc.freeze()  # from here on the collector leaves the imported world's pages alone
@@ -231,6 +235,9 @@ def become_supervisor(run_dir: str, env: dict[str, str], umask: int, lock_fd: in
                       log_fd: int, ready_fd: int) -> None:
     """In the forked supervisor: shed what belongs to the template, then run the step."""
     rc = EXIT_SETUP_FAILED
+    record_to = env.get(hotcode.RECORD)
+    if record_to:
+        hotcode.record()
     try:
         after_fork(keep=(lock_fd, ready_fd), log_fd=log_fd)
         os.chdir("/")
@@ -250,6 +257,9 @@ def become_supervisor(run_dir: str, env: dict[str, str], umask: int, lock_fd: in
         with contextlib.suppress(Exception):
             sys.stdout.flush()
             sys.stderr.flush()
+        if record_to:
+            with contextlib.suppress(Exception):
+                hotcode.write_record(record_to)
         os._exit(rc)
 
 
