@@ -1,9 +1,10 @@
 """The agent's event loop (I/O): one object holding the node's state, and the loop that serves it.
 
-Theory of operation. One thread, one ``zmq.Poller`` over: the door (``shared/door.py``: every
-local user's CLI, on a plain AF_UNIX socket), one DEALER per supervisor (ZeroMQ, in the run
-directory's ctl/, which only this uid can enter), one pidfd per supervisor, and a signal wakeup
-socket; plus a timer heap. The database is the only durable state and is written before anyone
+Theory of operation. One thread, one poller (``poller.py``: epoll, so a turn costs what is
+ready, not what is watched) over: the door (``shared/door.py``: every local user's CLI, on a
+plain AF_UNIX socket), one DEALER per supervisor (ZeroMQ, in the run directory's ctl/, which
+only this uid can enter), one pidfd per supervisor, and a signal wakeup socket; plus a timer
+heap. The database is the only durable state and is written before anyone
 is told anything. Each turn of the loop (``step``) handles one poll's events, the due timers and
 a scheduler pass, then hands what it held to the sync thread (group_commit.py).
 
@@ -43,6 +44,7 @@ from tether.agent.db import Job, Store
 from tether.agent.ledger import Allocation, Ledger
 from tether.agent.link import Link
 from tether.agent.offload import Offload
+from tether.agent.poller import Poller
 from tether.agent.scheduler import Scheduler
 from tether.agent.spawn import Spawner
 from tether.agent.syncer import Syncer
@@ -69,7 +71,8 @@ class Agent:
         self.ctx: zmq.Context[Any] = zmq.Context()
         self.ctx.setsockopt(zmq.LINGER, 0)
         self.ctx.set(zmq.MAX_SOCKETS, 65536)
-        self.poller = zmq.Poller()
+        #: every fd and socket the loop waits on (epoll: a turn costs O(ready), poller.py)
+        self.poller = Poller()
         self.links: dict[int, Link] = {}
         self.by_sock: dict[zmq.Socket[Any], Link] = {}
         self.by_pidfd: dict[int, Link] = {}
@@ -101,7 +104,6 @@ class Agent:
         self.schedule_due = False
         #: the queue's pass (EASY backfill) and what it knows between passes
         self.scheduler = Scheduler(self)
-        self.pidfd_owners: dict[int, Link] = {}
         self.lock_fd = -1
         self.dir_fd = -1
         self.store: Store | None = None
@@ -216,6 +218,7 @@ class Agent:
             self.door.close()  # unlinks the socket only if it is still the one it bound
         self.offload.close()
         self.contain.stop()
+        self.poller.close()
         self.ctx.term()
         if self.store is not None:
             self.store.close()
@@ -230,9 +233,6 @@ class Agent:
         if self.probes:
             cap_ms = 0  # requests already queued first, then the reattach probes
         events = self.poller.poll(self.timers.timeout_ms(time.monotonic(), cap_ms))
-        # An event handled earlier in this batch may close a pidfd and a later one reopen the
-        # same number for another supervisor: resolve fds against the owners at poll time.
-        self.pidfd_owners = dict(self.by_pidfd)
         for item, _ in events:
             try:
                 self.dispatch_event(item, wake_r)
@@ -256,6 +256,10 @@ class Agent:
     # ---- the loop's events ------------------------------------------------------------------
 
     def dispatch_event(self, item: Any, wake_r: socket.socket) -> None:
+        if isinstance(item, int) and self.poller.stale(item):
+            # An event handled earlier in this batch closed this fd (a pidfd, a spawn's
+            # pipe), and a later one may have reopened the number for something else.
+            return
         if item is wake_r or item == wake_r.fileno():
             self.on_signals(wake_r)
         elif self.door is not None and item == self.door.fileno():
@@ -269,7 +273,7 @@ class Agent:
         elif isinstance(item, int) and item in self.extra_fds:
             self.extra_fds[item]()
         elif isinstance(item, int):
-            pid_link = self.pidfd_owners.get(item)
+            pid_link = self.by_pidfd.get(item)
             if pid_link is not None and not pid_link.closed and pid_link.pidfd == item:
                 self.on_supervisor_exit(pid_link)
         else:

@@ -56,6 +56,7 @@ def open_link(agent: Agent, job: int, attempt: int, path: str) -> Link:
         agent.by_sock[new] = link
         agent.poller.register(new, zmq.POLLIN)
     link.on_reopen = reopened
+    link.on_sent = agent.poller.touched  # a send may take the signal of a reply with it
     return link
 
 

@@ -67,6 +67,8 @@ class Link:
         self.release = "?"
         #: called when the socket is replaced, so the poller can follow
         self.on_reopen: Callable[[zmq.Socket[Any], zmq.Socket[Any]], None] | None = None
+        #: called after each send on the socket (agent/poller.py ``touched``)
+        self.on_sent: Callable[[zmq.Socket[Any]], None] | None = None
 
     def __repr__(self) -> str:
         return f"<Link job={self.job}.{self.attempt} pending={sorted(self.pending)}>"
@@ -99,6 +101,9 @@ class Link:
             del self.pending[rid]
             timer.cancel()
             on_err(Unreachable(f"cannot send {kind!r} to {self.path}: {exc}"))
+            return
+        if self.on_sent is not None:
+            self.on_sent(self.sock)
 
     def _expire(self, rid: int, timeout: float) -> None:
         pend = self.pending.pop(rid, None)
