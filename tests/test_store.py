@@ -59,7 +59,11 @@ def test_change_returns_the_job_as_a_reread_gives_it(tmp_path: Any, fields: dict
         assert job == store.get_required(1)
         changed = store.change(job, **dict(fields))
         assert changed == store.get_required(1)
-        assert changed.public() == store.get_required(1).public()
+        # (a suspended job's public suspended_seconds counts up with the clock)
+        ours, reread = changed.public(), store.get_required(1).public()
+        ours.pop("suspended_seconds")
+        reread.pop("suspended_seconds")
+        assert ours == reread
     finally:
         store.close()
 
