@@ -20,7 +20,8 @@ to stderr. Everything runs on short scratch state directories under one
   supervisors' log lines: spawned -> ready -> launched);
 - ``inspect``: ``tether inspect JOB --json`` vs ``scontrol listpids``;
 - ``throughput``: 200 ``true`` jobs submitted back to back by one in-process client (agent
-  ``--cpus 64``), first submit to last completion;
+  ``--cpus 64``), first submit to last completion; then by 8 clients at once; with ``--busy N``
+  also by one client while N ``sleep`` steps run (the agent follows every supervisor);
 - ``steps``: N ``sleep`` jobs (100 by default) started at once (``status`` round trips timed
   while they start), weighed from ``/proc/PID/smaps_rollup`` after they have all run for
   ``--idle`` (60) seconds, then the agent SIGKILLed and restarted 3 times: Popen -> ``status``
@@ -314,19 +315,30 @@ def bench_launch(agent: Agent, runs: int) -> dict[str, Any]:
 
 
 def bench_throughput(root: str, jobs: int, submitters: int = 1, name: str = "t",
-                     accounts: list[CpuAccount] | None = None) -> tuple[dict[str, Any], Agent]:
+                     accounts: list[CpuAccount] | None = None,
+                     busy: int = 0) -> tuple[dict[str, Any], Agent]:
     """``jobs`` ``true`` jobs: one client submitting back to back (each submit waits for its
     reply), or ``submitters`` clients (threads, one connection each) doing so at once, so
     that several submits arrive in one turn of the agent's loop (group commit). The CPU time
     of every process of the run (this client, agent, template, supervisors, tasks) is counted
-    in a cgroup of its own (``CpuAccount``), where the host has the v1 cpuacct hierarchy."""
+    in a cgroup of its own (``CpuAccount``), where the host has the v1 cpuacct hierarchy.
+    ``busy``: that many ``sleep`` steps are started first and run meanwhile (a busy node:
+    the agent follows each one's supervisor)."""
     acct = CpuAccount(f"tb{name}")
     if accounts is not None:
         accounts.append(acct)
-    agent = Agent(root, name, 64)
+    agent = Agent(root, name, 64 + busy)
     agent.wait_serving(agent.start())
     wait_template(agent)
-    log(f"throughput: {jobs} `true` jobs back to back (--cpus 64), {submitters} submitter(s)")
+    if busy:
+        log(f"throughput: {busy} `sleep` steps first")
+        with Client(agent.sock, timeout=30) as c:
+            for _ in range(busy):
+                c.call("submit", {"command": ["sleep", "3600"], "workdir": agent.work})
+        poll_until(lambda: agent.call("status")["jobs"]["running"] >= busy, 300,
+                   f"{busy} sleep steps to run")
+    log(f"throughput: {jobs} `true` jobs back to back (--cpus {64 + busy}), {submitters} "
+        f"submitter(s){f', {busy} steps running' if busy else ''}")
     per = [jobs // submitters + (1 if i < jobs % submitters else 0) for i in range(submitters)]
     replies: list[float] = []
     ids: list[int] = []
@@ -368,7 +380,7 @@ def bench_throughput(root: str, jobs: int, submitters: int = 1, name: str = "t",
     cpu = cpu_seconds(agent.proc.pid) - cpu0
     all1 = acct.usage()
     acct.leave()
-    return {"jobs": jobs, "submitters": submitters, "total_s": round(total, 2),
+    return {"jobs": jobs, "submitters": submitters, "busy": busy, "total_s": round(total, 2),
             "agent_cpu_ms_per_job": round(cpu * 1000 / jobs, 2),
             "all_cpu_ms_per_job": None if all0 is None or all1 is None
             else round((all1 - all0) * 1000 / jobs, 2),
@@ -539,6 +551,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--jobs", type=int, default=200, help="jobs for the throughput part")
     p.add_argument("--submitters", type=int, default=8,
                    help="concurrent clients in the throughput part's second run")
+    p.add_argument("--busy", type=int, default=0,
+                   help="a third throughput run, one client, with this many sleep steps "
+                        "running meanwhile (0: none)")
     ns = p.parse_args(argv)
     parts = set(ns.only or PARTS)
     for sig in (signal.SIGTERM, signal.SIGHUP):
@@ -579,6 +594,11 @@ def main(argv: list[str] | None = None) -> int:
                                                                   "tc", cleaner.accounts)
             cleaner.agents.append(t)
             t.kill()
+            if ns.busy:
+                result["throughput_busy"], t = bench_throughput(
+                    root, ns.jobs, 1, "tb", cleaner.accounts, busy=ns.busy)
+                cleaner.agents.append(t)
+                t.kill()
         if "steps" in parts:
             result["steps"] = bench_steps(root, ns.steps, ns.idle, ns.restarts)
     except (BenchError, TetherError, OSError, subprocess.SubprocessError) as exc:

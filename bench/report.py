@@ -69,6 +69,11 @@ def table(r: dict[str, Any]) -> list[str]:
         rows.append((f"the same from {tc['submitters']} concurrent clients", "-",
                      f"{tc['jobs_per_s']} jobs/s", ">= 100 jobs/s",
                      f"submit reply {med(tc['submit_reply_ms'])}"))
+    tb = r.get("throughput_busy")
+    if tb:
+        rows.append((f"the same, one client, {tb['busy']} steps running", "-",
+                     f"{tb['jobs_per_s']} jobs/s", "",
+                     f"agent CPU {tb.get('agent_cpu_ms_per_job')} ms per job"))
     mpi = r.get("mpi")
     if mpi and "tether" in mpi:
         rows.append(("MPICH 2-rank hello vs mpiexec -n 2", med(mpi.get("srun")),
@@ -117,10 +122,12 @@ def report(r: dict[str, Any]) -> str:
     if ins:
         out += ["", "inspect --json:"]
         out += [f"  {k:<8} {fmt(ins[k])}" for k in ("tether", "scontrol", "python") if k in ins]
-    for key in ("throughput", "throughput_concurrent"):
+    for key in ("throughput", "throughput_concurrent", "throughput_busy"):
         tp = r.get(key)
         if tp:
-            out += ["", f"{key}: {tp['jobs']} jobs from {tp.get('submitters', 1)} client(s) "
+            busy = f", {tp['busy']} steps running" if tp.get("busy") else ""
+            out += ["", f"{key}: {tp['jobs']} jobs from {tp.get('submitters', 1)} client(s)"
+                    f"{busy} "
                     f"in {tp['total_s']} s ({tp['jobs_per_s']}/s); submits took "
                     f"{tp['submit_all_s']} s, each reply {fmt(tp['submit_reply_ms'])}; "
                     f"agent database fsyncs per job: {tp.get('db_syncs_per_job')}, agent CPU "
