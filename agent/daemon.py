@@ -111,6 +111,7 @@ class Agent:
                                watch=lambda fd: self.poller.register(fd, zmq.POLLIN),
                                unwatch=self.poller.unregister,
                                use_template=not agent_fault(cfg.faults, "no-template"),
+                               ksm=cfg.ksm,
                                hold_prep=agent_fault(cfg.faults, "hold-spawn-prep"))
         #: what this turn of the loop tells anyone or does to a process, held until the turn's
         #: commits are durable (``hold``, ``flush``): replies, spawns, requests to supervisors

@@ -109,7 +109,7 @@ class Spawner:
 
     def __init__(self, layout: Layout, timers: Timers, watch: Callable[[int], None],
                  unwatch: Callable[[int], None], *, use_template: bool = True,
-                 hold_prep: bool = False) -> None:
+                 hold_prep: bool = False, ksm: bool = False) -> None:
         self.layout = layout
         self.timers = timers
         self.watch = watch
@@ -122,7 +122,9 @@ class Spawner:
         self.template_ident: ProcId | None = None
         #: when the template last answered a request (it is busy, not hung, while this moves)
         self.template_answered = -1e9
-        self.identity = template_wire.code_identity() if use_template else ""
+        #: ``agent --ksm``: the template marks its memory mergeable (part of its identity)
+        self.ksm = ksm
+        self.identity = template_wire.template_identity(ksm) if use_template else ""
         #: what a supervisor inherits of the agent's environment (read once: walking
         #: os.environ decodes every variable, ~0.2 ms a spawn)
         self.env = {k: v for k, v in os.environ.items()
@@ -141,6 +143,8 @@ class Spawner:
         """At agent start: keep a template running this very code, or start one (no wait)."""
         if not self.use_template:
             return
+        if self.ksm:
+            _check_ksmd()
         path = self.layout.template_sock
         try:
             reply, ident = _call(path, {"op": "hello"}, TEMPLATE_TIMEOUT)
@@ -167,7 +171,8 @@ class Spawner:
             os.unlink(self.layout.template_sock)  # never talk to a predecessor's leftover
         try:
             pid = _detach([sys.executable, "-I", "-m", "tether.supervisor.template",
-                           "--socket", self.layout.template_sock], self.layout, ())
+                           "--socket", self.layout.template_sock,
+                           *(["--ksm"] if self.ksm else [])], self.layout, ())
         except (OSError, SpawnError) as exc:
             self.template_failed(f"cannot start it: {exc}")
             return
@@ -501,6 +506,22 @@ class Spawner:
 
 
 # ---- helpers ----------------------------------------------------------------------------------
+
+
+KSM_RUN = "/sys/kernel/mm/ksm/run"
+
+
+def _check_ksmd() -> None:
+    """``--ksm`` marks pages mergeable; only ksmd merges them, and only the operator starts it
+    (a host-wide choice: docs/operations.md). Said once per agent start, never refused."""
+    try:
+        with open(KSM_RUN) as f:
+            run = f.read().strip()
+    except OSError:
+        log.warning("--ksm has no effect: this kernel has no same-page merging (%s)", KSM_RUN)
+        return
+    if run != "1":
+        log.warning("--ksm has no effect until ksmd runs: echo 1 > %s (it is %s)", KSM_RUN, run)
 
 
 def _prepare(layout: Layout, rd: RunDir, spec: dict[str, Any]) -> None:

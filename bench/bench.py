@@ -26,6 +26,8 @@ to stderr. Everything runs on short scratch state directories under one
   while they start), weighed from ``/proc/PID/smaps_rollup`` after they have all run for
   ``--idle`` (60) seconds, then the agent SIGKILLed and restarted 3 times: Popen -> ``status``
   answers, and the agent's own "serving after" figure (which covers the reattach);
+  with ``--ksm``, the agent runs with ``--ksm`` and, when the bench is root, ksmd runs for the
+  part (``/sys/kernel/mm/ksm/run`` set to 1, its value put back on the way out);
 - ``mpi``: MPICH 2-rank hello under ``tether submit --wait --pmi pmi1`` vs ``mpiexec -n 2``.
 """
 
@@ -415,8 +417,49 @@ def supervisors_of(agent: Agent, ids: list[int]) -> dict[int, int]:
     return {j: int(agent.call("show", {"job": j})["supervisor_pid"]) for j in ids}
 
 
-def bench_steps(root: str, steps: int, idle: float, restarts: int) -> dict[str, Any]:
-    agent = Agent(root, f"n{steps}", steps + 8)
+KSM = "/sys/kernel/mm/ksm/"
+
+
+def ksm_counters() -> dict[str, int]:
+    """ksmd's host-wide counters (pages: 4 KiB each here), {} without KSM."""
+    out = {}
+    for name in ("run", "pages_shared", "pages_sharing", "full_scans"):
+        try:
+            with open(KSM + name) as f:
+                out[name] = int(f.read())
+        except (OSError, ValueError):
+            pass
+    return out
+
+
+def ksmd_on() -> str | None:
+    """Start ksmd for this run (root only); the value to put back, None if nothing changed."""
+    try:
+        with open(KSM + "run") as f:
+            before = f.read().strip()
+    except OSError:
+        log("steps --ksm: this kernel has no KSM; ksmd not started")
+        return None
+    if os.geteuid() != 0:
+        log(f"steps --ksm: not root, ksmd left as it is (run = {before})")
+        return None
+    if before != "1":
+        with open(KSM + "run", "w") as f:
+            f.write("1")
+        log(f"steps --ksm: ksmd started for this run (run was {before})")
+    return before
+
+
+def ksmd_restore(before: str | None) -> None:
+    if before is not None and before != "1":
+        with open(KSM + "run", "w") as f:
+            f.write(before)
+        log(f"steps --ksm: ksmd run = {before} again")
+
+
+def bench_steps(root: str, steps: int, idle: float, restarts: int,
+                ksm: bool = False) -> dict[str, Any]:
+    agent = Agent(root, f"n{steps}", steps + 8, ("--ksm",) if ksm else ())
     agent.wait_serving(agent.start())
     wait_template(agent)
     log(f"steps: {steps} `sleep` jobs; status timed (every 5 ms, own connection) while they "
@@ -463,6 +506,7 @@ def bench_steps(root: str, steps: int, idle: float, restarts: int) -> dict[str, 
         if agent.proc else {},
         "mem_total_mib": round(total_kb / 1024, 1),
         "steps_that_fit": int(total_kb / med["Pss"]),
+        "ksm": ksm_counters() if ksm else None,
     }
     rounds = []
     for i in range(restarts):
@@ -554,6 +598,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--busy", type=int, default=0,
                    help="a third throughput run, one client, with this many sleep steps "
                         "running meanwhile (0: none)")
+    p.add_argument("--ksm", action="store_true",
+                   help="steps: the agent runs with --ksm, and if this is root ksmd runs for "
+                   "the part (/sys/kernel/mm/ksm/run, put back afterwards)")
     ns = p.parse_args(argv)
     parts = set(ns.only or PARTS)
     for sig in (signal.SIGTERM, signal.SIGHUP):
@@ -568,6 +615,7 @@ def main(argv: list[str] | None = None) -> int:
         "load_start": cpu_load(), "slurm": slurm(), "state_root": root,
     }
     rc = 0
+    ksm_before: str | None = None
     try:
         if "spawn" in parts:
             result["spawn"] = bench_spawn(root, ns.runs)
@@ -600,7 +648,9 @@ def main(argv: list[str] | None = None) -> int:
                 cleaner.agents.append(t)
                 t.kill()
         if "steps" in parts:
-            result["steps"] = bench_steps(root, ns.steps, ns.idle, ns.restarts)
+            if ns.ksm:
+                ksm_before = ksmd_on()
+            result["steps"] = bench_steps(root, ns.steps, ns.idle, ns.restarts, ns.ksm)
     except (BenchError, TetherError, OSError, subprocess.SubprocessError) as exc:
         result["error"] = f"{type(exc).__name__}: {exc}"
         rc = 1
@@ -609,7 +659,10 @@ def main(argv: list[str] | None = None) -> int:
                 log(f"agent log {ag.logs[-1]}:\n{ag.tail()}")
     finally:
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGHUP, signal.SIGINT})
-        killed = cleaner.run()
+        try:
+            ksmd_restore(ksm_before)
+        finally:
+            killed = cleaner.run()
         left = [pid for pid in descendants_of_me() if alive(pid)]
         result["cleanup"] = (f"killed {len(killed)} leftover process(es); removed {root}; "
                              f"still alive: {left or 'none'}")

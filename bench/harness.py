@@ -195,7 +195,9 @@ def foreign_tether_processes(root: bytes) -> int:
 
 
 class Agent:
-    def __init__(self, root: str, name: str, cpus: int) -> None:
+    def __init__(self, root: str, name: str, cpus: int, extra: tuple[str, ...] = ()) -> None:
+        #: more agent options (``--ksm``)
+        self.extra = extra
         self.dir = os.path.join(root, name)
         self.state = os.path.join(self.dir, "s")
         self.work = os.path.join(self.dir, "w")
@@ -220,7 +222,8 @@ class Agent:
             t0 = time.perf_counter()
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "tether.cli.main", "agent", "--state-dir", self.state,
-                 "--cpus", str(self.cpus), "--oversubscribe", "--cancel-grace", "1"],
+                 "--cpus", str(self.cpus), "--oversubscribe", "--cancel-grace", "1",
+                 *self.extra],
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 cwd=self.work, start_new_session=True,
             )

@@ -39,7 +39,8 @@ def table(r: dict[str, Any]) -> list[str]:
     if st:
         m = st["supervisor_median"]
         rows.append((f"memory per idle step, {st['steps']} concurrent (PSS, after "
-                     f"{st['idle_s']:g} s)", "-",
+                     f"{st['idle_s']:g} s{', --ksm' if st.get('ksm') is not None else ''})",
+                     "-",
                      f"{m['Pss'] / 1024:.2f} MiB (USS {m['Uss'] / 1024:.2f})", "<= 3 MiB", ""))
         rows.append((f"steps that fit in {st['mem_total_mib'] / 1024:.1f} GiB", "-",
                      f"{st['steps_that_fit']:,}", ">= 6,000", "MemTotal / median PSS"))
@@ -144,6 +145,8 @@ def report(r: dict[str, Any]) -> str:
                 f"{m['VmRSS']} kB, {m['Threads']} threads, {m['fds']} fds; sum of Pss "
                 f"{st['supervisors_pss_sum_mib']} MiB",
                 f"  template {st['template']}, agent {st['agent']}"]
+        if st.get("ksm") is not None:
+            out.append(f"  --ksm: ksmd counters at the weighing {st['ksm']}")
         for i, rd in enumerate(st.get("restarts", []), 1):
             out.append(f"  restart {i}: {rd}")
         out.append(f"  same supervisors after the restarts: "

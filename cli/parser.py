@@ -235,6 +235,11 @@ def add_agent(sub: Any) -> None:
     a.add_argument("--default-memory-mb", type=non_negative, default=0, metavar="MB",
                    help="memory limit of a job submitted without --memory-mb, in MiB; 0: "
                    "unlimited but accounted (default 0)")
+    a.add_argument("--ksm", action="store_true",
+                   help="mark the supervisor template's memory, and so every warm supervisor's, "
+                   "mergeable by the kernel's same-page merging: less memory per step, at the "
+                   "cost of a host-wide timing side channel (docs/operations.md); needs "
+                   "/sys/kernel/mm/ksm/run = 1 (default off)")
     a.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
                    help="log to stderr from this level on (default INFO)")
     a.add_argument("--heartbeat", type=positive_seconds, metavar="SECONDS",

@@ -56,6 +56,12 @@ def code_identity() -> str:
     return f"{tether.__version__}+{digest.hexdigest()[:16]}"
 
 
+def template_identity(ksm: bool) -> str:
+    """What names a template: its code and its settings (``agent --ksm``), so that an agent
+    started with other settings replaces it as it would one running other code."""
+    return code_identity() + ("+ksm" if ksm else "")
+
+
 def encode(obj: dict[str, Any]) -> bytes:
     data: bytes = msgpack.packb(obj)
     if len(data) > MAX_MESSAGE:
