@@ -33,37 +33,11 @@ from tether.shared import records
 from tether.shared.paths import PathTooLong, RunDir, check_ipc_path
 from tether.supervisor.service import Supervisor
 
-#: the options whose value is an fd (argparse ``type=int``)
-_FD_OPTIONS = ("--lock-fd", "--resume-fd", "--ready-fd")
-
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    """The command line as the agent's cold start and a re-exec write it, read directly: an
-    ArgumentParser costs ~1 ms of CPU on every start. Anything else (an abbreviation, a missing or
-    malformed value, ``--help``) goes through argparse, which reads it the same way or says
-    what is wrong."""
-    got: dict[str, object] = {"run_dir": None, "lock_fd": None, "resume_fd": None,
-                              "ready_fd": -1, "warm": False}
-    i = 0
-    while i < len(argv):
-        opt = argv[i]
-        if opt == "--warm":
-            got["warm"] = True
-            i += 1
-            continue
-        if opt not in ("--run-dir", *_FD_OPTIONS) or i + 1 >= len(argv) or \
-                argv[i + 1].startswith("-"):
-            return _argparse(argv)
-        value: object = argv[i + 1]
-        if opt in _FD_OPTIONS:
-            if not (argv[i + 1].isascii() and argv[i + 1].isdigit()):
-                return _argparse(argv)
-            value = int(argv[i + 1])
-        got[opt[2:].replace("-", "_")] = value
-        i += 2
-    if got["run_dir"] is None or got["lock_fd"] is None:
-        return _argparse(argv)  # says which is missing
-    return argparse.Namespace(**got)
+    """The command line of a cold start or a re-exec (the agent's spawn.py, handover.py). A
+    supervisor forked from the template has none: it enters at ``start``."""
+    return _argparse(argv)
 
 
 def _argparse(argv: list[str]) -> argparse.Namespace:

@@ -1,6 +1,6 @@
-"""The supervisor's command line (supervisor/__main__.parse_args): the argv the agent, the
-template and a re-exec write is read without building an ArgumentParser, into exactly what
-argparse would make of it; anything else goes through argparse (abbreviations, errors)."""
+"""The supervisor's command line (supervisor/__main__.parse_args): the argv the agent and a
+re-exec write reads as argparse reads it, other forms too, and what is wrong is said by argparse
+(a warm supervisor has no command line: the template calls ``start``)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from tether.supervisor.__main__ import _argparse, parse_args
 
 WRITTEN = [
-    # agent/spawn.py (cold), supervisor/template.py (warm), supervisor/handover.py (re-exec)
+    # agent/spawn.py (cold), the template's old argv (warm), supervisor/handover.py (re-exec)
     ["--run-dir", "/var/lib/tether/run/7.1", "--lock-fd", "5", "--ready-fd", "9"],
     ["--run-dir", "/s/run/7.1", "--lock-fd", "5", "--ready-fd", "9", "--warm"],
     ["--run-dir", "/s/run/7.1", "--lock-fd", "5", "--resume-fd", "12"],
