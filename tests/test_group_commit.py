@@ -30,17 +30,23 @@ def _listed(node: Node) -> dict[int, list[str]]:
     return {int(j["id"]): j["command"] for j in jobs}
 
 
-def test_a_submit_is_not_answered_before_its_sync(node: Node) -> None:
-    """SIGKILLed between the submit's commit and the sync: the submitter heard nothing (a
-    reply sent before the sync would have reached it: the agent replies, then syncs)."""
-    node.start(env={"TETHER_AGENT_FAULT": "crash-before-sync"})
-    assert node.agent is not None
+def _submit_under_fault(node: Node, fault: str) -> list[object]:
+    """Start the agent with ``fault`` and submit once: [the reply] or [the error it met]."""
+    node.start(env={"TETHER_AGENT_FAULT": fault})
     got: list[object] = []
     with Client(node.layout.sock, timeout=20) as c:
         try:
             got.append(_submit(c, node, "true"))
         except TetherError as exc:
             got.append(exc)
+    return got
+
+
+def test_a_submit_is_not_answered_before_its_sync(node: Node) -> None:
+    """SIGKILLed between the submit's commit and the sync: the submitter heard nothing (a
+    reply sent before the sync would have reached it: the agent replies, then syncs)."""
+    got = _submit_under_fault(node, "crash-before-sync")
+    assert node.agent is not None
     assert node.agent.wait(timeout=20) == -signal.SIGKILL, node.logs()
     assert len(got) == 1 and isinstance(got[0], TetherError), \
         f"the submit was answered before its commit was synced: {got}"
@@ -198,14 +204,8 @@ def test_an_fsync_that_fails_stops_the_agent_and_answers_nothing(node: Node) -> 
     """An fsync of the database fails (fault ``fail-sync``: EIO, as a dying disk): the agent
     exits with an error naming it, and the submit that waited for it got no answer; a
     restarted agent serves from what the database holds."""
-    node.start(env={"TETHER_AGENT_FAULT": "fail-sync"})
+    got = _submit_under_fault(node, "fail-sync")
     assert node.agent is not None
-    got: list[object] = []
-    with Client(node.layout.sock, timeout=20) as c:
-        try:
-            got.append(_submit(c, node, "true"))
-        except TetherError as exc:
-            got.append(exc)
     assert node.agent.wait(timeout=20) == 1, node.logs()
     assert "cannot make the database durable" in node.logs()
     assert len(got) == 1 and isinstance(got[0], TetherError), got
