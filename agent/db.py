@@ -21,11 +21,11 @@ import sqlite3
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
 import tether
 from tether.agent.ledger import Allocation
+from tether.shared import stamps
 from tether.shared.errors import NotFound, Unavailable
 
 #: SQLite's result codes for a full disk or database (sqlite3.h)
@@ -278,7 +278,7 @@ class Job:
             # "suspended" is a state of the job object only: the row says running (db.py)
             "oom": self.oom, **({"state": "suspended"} if self.suspended else {}),
             "suspended_seconds": self.suspended_total(time.time()),
-            "begin_at": None if self.begin_at is None else _stamp(self.begin_at),
+            "begin_at": None if self.begin_at is None else stamps.stamp(self.begin_at),
         }
         if self.state == "pending" and self.pending_reason is not None:
             out["reason"] = self.pending_reason  # Slurm's pending reason, as squeue shows it
@@ -299,12 +299,6 @@ class Queued:
     array_id: int | None
     array_max: int | None
     begin_at: float | None = None
-
-
-def _stamp(epoch: float) -> str:
-    """Epoch seconds as the job object's other times: RFC 3339, UTC, milliseconds."""
-    return datetime.fromtimestamp(epoch, UTC).isoformat(timespec="milliseconds").replace(
-        "+00:00", "Z")
 
 
 _JSON_COLS = ("command", "cpus", "gpus", "pids", "env")

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+
+from tether.shared import stamps
 
 
 @dataclass(order=True)
@@ -48,4 +50,4 @@ class Timers:
 
 def rfc3339_now() -> str:
     """The wall-clock time as RFC 3339 in UTC with milliseconds, e.g. 2026-11-30T05:01:02.345Z."""
-    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return stamps.stamp(time.time())
