@@ -40,7 +40,7 @@ import psycopg
 import zmq
 
 import tether
-from tether.agent import cluster_db, cluster_local, lifecycle
+from tether.agent import cluster_db, cluster_local, lifecycle_effects
 from tether.agent.db import FINAL, Job
 from tether.shared import cluster_db as shared_db
 from tether.shared.cluster_sql import CHANNEL_JOB, CHANNEL_QUEUE, demand
@@ -290,7 +290,7 @@ class ClusterNode:
                     run.cluster_job, run.attempt, why, " and discarding its result"
                     if discard else "")
         if job.state == "pending":
-            self.agent.job_ended(self.agent.finalize(job.id, lifecycle.Finalize(
+            self.agent.job_ended(self.agent.finalize(job.id, lifecycle_effects.Finalize(
                 state="cancelled", reason=why)))
             return
         job = db.change(job, cancel_requested=True)  # durable before anything is sent

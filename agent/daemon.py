@@ -42,6 +42,7 @@ from tether.agent.config import AgentConfig, AgentError, allowed_cpus
 from tether.agent.contain import BadBase, Containment
 from tether.agent.db import Job, Store
 from tether.agent.ledger import Allocation, Ledger
+from tether.agent.lifecycle_events import Event, LockHeld
 from tether.agent.link import Link
 from tether.agent.offload import Offload
 from tether.agent.poller import Poller
@@ -97,7 +98,7 @@ class Agent:
         #: one machine per job whose attempt is not settled and forgotten (lifecycle.py)
         self.machines: dict[int, lifecycle.Machine] = {}
         #: events waiting for the transition in progress to complete (see ``feed``)
-        self.events: deque[tuple[int, int, lifecycle.Event]] = deque()
+        self.events: deque[tuple[int, int, Event]] = deque()
         self.feeding = False
         #: the allocation each job holds in the ledger right now (released exactly once)
         self.allocations: dict[int, Allocation] = {}
@@ -250,7 +251,7 @@ class Agent:
             log.exception("internal error in a timer or the scheduler")
         probes, self.probes = self.probes, []
         for job_id, attempt in probes:
-            self.feed(job_id, attempt, lifecycle.LockHeld())
+            self.feed(job_id, attempt, LockHeld())
         self.reattach_done()
         self.flush()
 

@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from tether.agent import fallback, lifecycle
+from tether.agent import fallback, lifecycle, lifecycle_effects, lifecycle_events
 from tether.agent.db import Job, StoreFull
 from tether.agent.follow import RETRY_UNRESPONSIVE
 from tether.shared.faults import agent_fault
@@ -40,7 +40,7 @@ log = logging.getLogger("tether.agent")
 RETRY_FULL = 1.0
 
 
-def feed(agent: Agent, job_id: int, attempt: int, event: lifecycle.Event) -> None:
+def feed(agent: Agent, job_id: int, attempt: int, event: lifecycle_events.Event) -> None:
     """Hand an event to the job's machine. Events that effects raise while this runs are
     queued and handled in order after it, so each transition completes before the next."""
     agent.events.append((job_id, attempt, event))
@@ -58,7 +58,7 @@ def feed(agent: Agent, job_id: int, attempt: int, event: lifecycle.Event) -> Non
         agent.feeding = False
 
 
-def apply(agent: Agent, job_id: int, attempt: int, event: lifecycle.Event) -> None:
+def apply(agent: Agent, job_id: int, attempt: int, event: lifecycle_events.Event) -> None:
     machine = agent.machines.get(job_id)
     if machine is None or machine.attempt != attempt:
         return  # a late event for an attempt that is settled and forgotten
@@ -66,9 +66,9 @@ def apply(agent: Agent, job_id: int, attempt: int, event: lifecycle.Event) -> No
     if new is machine and not effects:
         return
     log.debug("job %d: %r + %r -> %r: %r", job_id, machine, event, new, effects)
-    if agent_fault(agent.cfg.faults, "skip-ack") and isinstance(event, lifecycle.ExitRecord):
+    if agent_fault(agent.cfg.faults, "skip-ack") and isinstance(event, lifecycle_events.ExitRecord):
         log.warning("job %d: fault injection: not acknowledging", job_id)
-        effects = [e for e in effects if not isinstance(e, lifecycle.Ack)]
+        effects = [e for e in effects if not isinstance(e, lifecycle_effects.Ack)]
     agent.machines[job_id] = new
     try:
         agent.perform(new, effects)
@@ -92,18 +92,18 @@ def apply(agent: Agent, job_id: int, attempt: int, event: lifecycle.Event) -> No
             agent.drop_link(link)
 
 
-def perform(agent: Agent, m: lifecycle.Machine, effects: list[lifecycle.Effect]) -> None:
+def perform(agent: Agent, m: lifecycle.Machine, effects: list[lifecycle_effects.Effect]) -> None:
     """Durable effects (writes) and the ledger's now; every other one is held until the
     writes are durable (``hold``: the turn's single fsync), in the machine's order."""
     ended: Job | None = None  # as finalized (no write follows a Finalize in one transition)
     for eff in effects:
-        if isinstance(eff, lifecycle.Finalize):
+        if isinstance(eff, lifecycle_effects.Finalize):
             ended = agent.finalize(m.job, eff)
-        elif isinstance(eff, lifecycle.Release):
+        elif isinstance(eff, lifecycle_effects.Release):
             agent.release(m.job)
-        elif isinstance(eff, lifecycle.Requeue):
+        elif isinstance(eff, lifecycle_effects.Requeue):
             agent.requeue(m, eff.reason)
-        elif isinstance(eff, lifecycle.RecordRunning):
+        elif isinstance(eff, lifecycle_effects.RecordRunning):
             who = agent.idents.get(m.job, {})
             started_at = eff.started_at or rfc3339_now()
             agent.db.update(m.job, state="running", pids=list(eff.pids),
@@ -114,12 +114,12 @@ def perform(agent: Agent, m: lifecycle.Machine, effects: list[lifecycle.Effect])
             if agent.cluster is not None:
                 agent.hold(functools.partial(agent.cluster.job_running,
                                              agent.db.get_required(m.job)))
-        elif isinstance(eff, lifecycle.RecordPid):
+        elif isinstance(eff, lifecycle_effects.RecordPid):
             if eff.pid > 0:
                 agent.db.update(m.job, supervisor_pid=eff.pid)
-        elif isinstance(eff, lifecycle.Retry):
+        elif isinstance(eff, lifecycle_effects.Retry):
             agent.timers.at(time.monotonic() + RETRY_UNRESPONSIVE,
-                           lambda: agent.feed(m.job, m.attempt, lifecycle.Deadline()))
+                           lambda: agent.feed(m.job, m.attempt, lifecycle_events.Deadline()))
         else:
             agent.hold(agent.outward(m, eff))
     if ended is not None:
@@ -127,50 +127,51 @@ def perform(agent: Agent, m: lifecycle.Machine, effects: list[lifecycle.Effect])
         agent.schedule_due = True
 
 
-def outward(agent: Agent, m: lifecycle.Machine, eff: lifecycle.Effect) -> Callable[[], None]:
+def outward(agent: Agent, m: lifecycle.Machine,
+            eff: lifecycle_effects.Effect) -> Callable[[], None]:
     """The effect ``eff`` as an action to be done once the writes before it are durable."""
     def current() -> bool:  # the attempt was not settled and forgotten meanwhile
         now = agent.machines.get(m.job)
         return now is not None and now.attempt == m.attempt
 
     def act() -> None:
-        if isinstance(eff, lifecycle.Spawn):
+        if isinstance(eff, lifecycle_effects.Spawn):
             if current():
                 agent.launch(agent.db.get_required(m.job))
-        elif isinstance(eff, lifecycle.Connect):
+        elif isinstance(eff, lifecycle_effects.Connect):
             if current():
                 agent.connect(m, fresh=eff.fresh)
-        elif isinstance(eff, lifecycle.Claim):
+        elif isinstance(eff, lifecycle_effects.Claim):
             link = agent.links.get(m.job)
             if current() and link is not None:
                 agent.claim(link)
-        elif isinstance(eff, lifecycle.Wait):
+        elif isinstance(eff, lifecycle_effects.Wait):
             link = agent.links.get(m.job)
             if current() and link is not None:
                 agent.wait(link)
-        elif isinstance(eff, lifecycle.Terminate):
+        elif isinstance(eff, lifecycle_effects.Terminate):
             link = agent.links.get(m.job)
             if current() and link is not None:
                 agent.terminate(link)
-        elif isinstance(eff, lifecycle.Ack):
+        elif isinstance(eff, lifecycle_effects.Ack):
             if current():
                 agent.ack(m)
-        elif isinstance(eff, lifecycle.Disconnect):
+        elif isinstance(eff, lifecycle_effects.Disconnect):
             link = agent.links.get(m.job)
             if link is not None and link.attempt == m.attempt:
                 agent.drop_link(link)
-        elif isinstance(eff, lifecycle.Kill):
+        elif isinstance(eff, lifecycle_effects.Kill):
             agent.contain.clean(m.job, m.attempt)
             fallback.kill_leftovers(agent.layout.run_dir(m.job, m.attempt),
                                     agent.db.get(m.job))
-        elif isinstance(eff, lifecycle.RemoveRunDir):
+        elif isinstance(eff, lifecycle_effects.RemoveRunDir):
             shutil.rmtree(agent.layout.run_dir(m.job, m.attempt).path, ignore_errors=True)
         else:  # pragma: no cover - the effect union is closed
             raise AssertionError(f"unknown effect {eff!r}")
     return act
 
 
-def finalize(agent: Agent, job_id: int, fin: lifecycle.Finalize) -> Job:
+def finalize(agent: Agent, job_id: int, fin: lifecycle_effects.Finalize) -> Job:
     """Record a final state (durable before anyone is told)."""
     job = agent.db.get_required(job_id)
     fields: dict[str, Any] = {"state": fin.state, "exit_code": fin.exit_code,
@@ -190,12 +191,12 @@ def finalize(agent: Agent, job_id: int, fin: lifecycle.Finalize) -> Job:
 
 def cancel(agent: Agent, job: Job) -> None:
     """A cancel was recorded for an active job: tell its machine."""
-    agent.feed(job.id, job.attempt, lifecycle.CancelRequested())
+    agent.feed(job.id, job.attempt, lifecycle_events.CancelRequested())
 
 
 def cancel_pending(agent: Agent, job: Job) -> Job:
     """A pending job holds nothing and has no machine: cancelled at once."""
-    job = agent.finalize(job.id, lifecycle.Finalize(state="cancelled",
+    job = agent.finalize(job.id, lifecycle_effects.Finalize(state="cancelled",
                                                    reason="cancelled while pending"))
     agent.job_ended(job)
     return job

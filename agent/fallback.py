@@ -23,7 +23,7 @@ import signal
 from typing import Any
 
 from tether.agent.db import Job
-from tether.agent.lifecycle import Lost, NeverRan, Result, Verdict
+from tether.agent.lifecycle_events import Lost, NeverRan, Result, Verdict
 from tether.shared import records
 from tether.shared.paths import RunDir
 from tether.shared.procid import ProcId, all_processes, boot_id, proc_stat

@@ -22,7 +22,7 @@ import zmq
 
 import tether
 import tether.shared.records
-from tether.agent import fallback, lifecycle
+from tether.agent import fallback, lifecycle, lifecycle_events
 from tether.agent.db import Job, StoreFull
 from tether.agent.link import Link
 from tether.shared import protocol
@@ -143,13 +143,13 @@ def hello(agent: Agent, link: Link, rd: RunDir, timeout: float, fresh: bool = Fa
                     agent.db.update(job.id, **facts)
                 except StoreFull as exc:
                     agent.feed(link.job, link.attempt,
-                               lifecycle.LinkError(message=exc.message))
+                               lifecycle_events.LinkError(message=exc.message))
                     return
         if phase == "ready" and not m.cancel and agent_fault(agent.cfg.faults,
                                                              "stall-before-claim"):
             log.warning("job %d: fault injection: not claiming", link.job)
             return
-        agent.feed(link.job, link.attempt, lifecycle.HelloAnswered(phase=str(phase)))
+        agent.feed(link.job, link.attempt, lifecycle_events.HelloAnswered(phase=str(phase)))
 
     link.protocol = None  # hello goes out in version 1, which every release speaks
     link.request("hello", {"versions": sorted(protocol.SUPPORTED_VERSIONS)}, timeout, ok,
@@ -161,7 +161,7 @@ def claim(agent: Agent, link: Link) -> None:
         if agent.live(link):
             pids = tuple(t["pid"] for t in res["tasks"] if t["pid"])
             agent.feed(link.job, link.attempt,
-                      lifecycle.Claimed(pids=pids, started_at=res.get("started_at")))
+                      lifecycle_events.Claimed(pids=pids, started_at=res.get("started_at")))
     link.request("claim", link.target, CLAIM_TIMEOUT, ok,
                  lambda exc: agent.trouble(link, exc))
 
@@ -179,10 +179,10 @@ def wait(agent: Agent, link: Link) -> None:
             agent.timers.at(time.monotonic() + UPGRADE_PAUSE, again)
             return
         if not res.get("done"):
-            agent.feed(link.job, link.attempt, lifecycle.WaitTimedOut())
+            agent.feed(link.job, link.attempt, lifecycle_events.WaitTimedOut())
             return
         verdict = fallback.verdict_of(res.get("record"), f"job {link.job}'s exit record")
-        agent.feed(link.job, link.attempt, lifecycle.ExitRecord(verdict=verdict))
+        agent.feed(link.job, link.attempt, lifecycle_events.ExitRecord(verdict=verdict))
 
     args = dict(link.target, hold=WAIT_HOLD)
     link.request("wait", args, WAIT_HOLD + 10.0, ok, lambda exc: agent.trouble(link, exc))
@@ -192,8 +192,8 @@ def ack(agent: Agent, m: lifecycle.Machine) -> None:
     """Effect ``Ack`` (C3): once the outcome is recorded, let the supervisor clean up."""
     rd = agent.layout.run_dir(m.job, m.attempt)
     if not os.path.isdir(rd.path) or fallback.lock_is_free(rd):
-        agent.feed(m.job, m.attempt, lifecycle.Gone(
-            verdict=lifecycle.NeverRan(reason="its supervisor is gone")))
+        agent.feed(m.job, m.attempt, lifecycle_events.Gone(
+            verdict=lifecycle_events.NeverRan(reason="its supervisor is gone")))
         return
     link = agent.links.get(m.job)
     if link is None or link.closed:
@@ -201,7 +201,7 @@ def ack(agent: Agent, m: lifecycle.Machine) -> None:
 
     def done(_: Any) -> None:
         if agent.live(link):
-            agent.feed(link.job, link.attempt, lifecycle.Acked())
+            agent.feed(link.job, link.attempt, lifecycle_events.Acked())
 
     def failed(exc: TetherError) -> None:
         if not agent.live(link):
@@ -213,7 +213,7 @@ def ack(agent: Agent, m: lifecycle.Machine) -> None:
             log.warning("job %d: acknowledging its finished supervisor failed (%s); "
                         "trying again in %gs", m.job, exc.message, RETRY_UNRESPONSIVE)
         agent.feed(link.job, link.attempt,
-                  lifecycle.AckFailed(refused=refused, message=exc.message))
+                  lifecycle_events.AckFailed(refused=refused, message=exc.message))
     link.request("ack", link.target, HELLO_TIMEOUT, done, failed)
 
 
@@ -221,7 +221,7 @@ def terminate(agent: Agent, link: Link, job: Job | None = None) -> None:
     def ok(res: Any) -> None:
         if agent.live(link):
             agent.feed(link.job, link.attempt,
-                      lifecycle.Terminated(phase=str(res.get("phase"))))
+                      lifecycle_events.Terminated(phase=str(res.get("phase"))))
 
     def err(exc: TetherError) -> None:
         log.warning("job %d: terminate failed: %s", link.job, exc.message)
@@ -242,7 +242,7 @@ def trouble(agent: Agent, link: Link, exc: TetherError) -> None:
     log.warning("job %d: %s; the supervisor holds its lock, so it is alive: keeping "
                 "its allocation and asking again in %gs", link.job, exc.message,
                 RETRY_UNRESPONSIVE)
-    agent.feed(link.job, link.attempt, lifecycle.LinkError(message=exc.message))
+    agent.feed(link.job, link.attempt, lifecycle_events.LinkError(message=exc.message))
 
 
 def on_supervisor_exit(agent: Agent, link: Link) -> None:
@@ -264,24 +264,24 @@ def gone(agent: Agent, job_id: int, attempt: int, note: str | None = None) -> No
         log.error("job %d: its supervisor still holds %s%s; keeping the job and asking "
                   "again in %gs", job_id, rd.lock, f" ({note})" if note else "",
                   RETRY_UNRESPONSIVE)
-        agent.feed(job_id, attempt, lifecycle.LinkError(message=note or "lock held"))
+        agent.feed(job_id, attempt, lifecycle_events.LinkError(message=note or "lock held"))
         return
     job = agent.db.get_required(job_id)
-    verdict: lifecycle.Verdict
+    verdict: lifecycle_events.Verdict
     try:
         verdict = fallback.resolve(rd, job)
     except Exception as exc:  # crash-only: whatever is on disk, a definite verdict
         log.exception("job %d: reading %s", job_id, rd.path)
-        verdict = lifecycle.Lost(reason=f"its supervisor is gone and its run directory "
+        verdict = lifecycle_events.Lost(reason=f"its supervisor is gone and its run directory "
                                         f"could not be read ({type(exc).__name__})")
-    if isinstance(verdict, lifecycle.NeverRan) and (
+    if isinstance(verdict, lifecycle_events.NeverRan) and (
             fallback.step_processes(job) or agent.contain.populated(job_id, attempt)):
         # Its files say nothing started, but processes of the step live: it did start.
-        verdict = lifecycle.Lost(reason=f"{verdict.reason}, but processes of the step "
+        verdict = lifecycle_events.Lost(reason=f"{verdict.reason}, but processes of the step "
                                         "were running")
     # No supervisor holds the step any more: nothing of it may run on (a lost step's
     # processes, a setsid daemon), and its cgroup goes.
     agent.contain.clean(job_id, attempt)
-    if note and isinstance(verdict, lifecycle.Lost):
-        verdict = lifecycle.Lost(reason=f"{verdict.reason}; {note}", kill=verdict.kill)
-    agent.feed(job_id, attempt, lifecycle.Gone(verdict=verdict))
+    if note and isinstance(verdict, lifecycle_events.Lost):
+        verdict = lifecycle_events.Lost(reason=f"{verdict.reason}; {note}", kill=verdict.kill)
+    agent.feed(job_id, attempt, lifecycle_events.Gone(verdict=verdict))

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import tether
 import tether.shared.records
-from tether.agent import fallback, lifecycle, users
+from tether.agent import fallback, lifecycle, lifecycle_events, users
 from tether.agent.db import Job
 from tether.agent.group_commit import wait_for_go
 from tether.agent.ledger import Request
@@ -103,7 +103,7 @@ def launch(agent: Agent, job: Job) -> None:
             on_pid=lambda pid: log.info("job %d attempt %d: supervisor spawned (pid %d)",
                                         job.id, job.attempt, pid),
             # only once it is bound: hello and claim reach it at once (spawn.py)
-            on_ready=lambda: agent.feed(job.id, job.attempt, lifecycle.Spawned(pid=0)),
+            on_ready=lambda: agent.feed(job.id, job.attempt, lifecycle_events.Spawned(pid=0)),
             on_gone=lambda why: agent.spawn_gone(job.id, job.attempt, why),
             on_failed=failed)
     except (SpawnError, OSError) as exc:
@@ -137,9 +137,9 @@ def spawn_failed(agent: Agent, job_id: int, attempt: int, exc: BaseException) ->
     log.error("job %d: %s", job_id, exc)
     rd = agent.layout.run_dir(job_id, attempt)
     if os.path.isdir(rd.path) and not fallback.lock_is_free(rd):
-        agent.feed(job_id, attempt, lifecycle.Spawned(pid=0))  # it did start
+        agent.feed(job_id, attempt, lifecycle_events.Spawned(pid=0))  # it did start
     else:
-        agent.feed(job_id, attempt, lifecycle.SpawnFailed(reason=str(exc)))
+        agent.feed(job_id, attempt, lifecycle_events.SpawnFailed(reason=str(exc)))
 
 
 def spawn_gone(agent: Agent, job_id: int, attempt: int, why: str) -> None:
@@ -148,4 +148,4 @@ def spawn_gone(agent: Agent, job_id: int, attempt: int, why: str) -> None:
     if fallback.lock_is_free(agent.layout.run_dir(job_id, attempt)):
         agent.gone(job_id, attempt, note=why)
     else:  # someone holds its lock: it lives after all; ask it
-        agent.feed(job_id, attempt, lifecycle.Spawned(pid=0))
+        agent.feed(job_id, attempt, lifecycle_events.Spawned(pid=0))

@@ -1,10 +1,12 @@
-"""One (job, attempt) as the agent sees it: states, events, a transition table, effects. Pure.
+"""One (job, attempt) as the agent sees it: states, the machine, the transition table. Pure.
 
 Theory of operation. The agent's knowledge of a step comes in as events: a spawn that worked or
 failed, replies to ``hello``, ``claim``, ``wait``, ``terminate`` and ``ack``, a request that
 failed while the supervisor still holds its run directory's lock (``LinkError``), the supervisor
 found gone with the run directory's verdict (``Gone``), a cancel, a retry deadline, and at
-reattach what the agent found (``Conflict``, ``Restored``, ``NoRunDir``, ``LockHeld``).
+reattach what the agent found (``Conflict``, ``Restored``, ``NoRunDir``, ``LockHeld``); they
+and the verdicts they carry are in ``lifecycle_events.py``, the effects in
+``lifecycle_effects.py``, so that this module holds the decisions alone.
 ``step(machine, event)`` returns the next machine and the effects the agent must perform, in
 order. The agent (``effects.py``) performs them and feeds what it learns back; this module does
 no I/O, reads no clock and holds no reference to a socket.
@@ -29,6 +31,48 @@ import enum
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+from tether.agent.lifecycle_effects import (
+    Ack,
+    Claim,
+    Connect,
+    Disconnect,
+    Effect,
+    Finalize,
+    Kill,
+    RecordPid,
+    RecordRunning,
+    Release,
+    RemoveRunDir,
+    Requeue,
+    Retry,
+    Spawn,
+    Terminate,
+    Wait,
+)
+from tether.agent.lifecycle_events import (
+    Acked,
+    AckFailed,
+    CancelRequested,
+    Claimed,
+    Conflict,
+    Deadline,
+    Event,
+    ExitRecord,
+    Gone,
+    HelloAnswered,
+    LinkError,
+    LockHeld,
+    NeverRan,
+    NoRunDir,
+    Restored,
+    Result,
+    Spawned,
+    SpawnFailed,
+    Terminated,
+    Verdict,
+    WaitTimedOut,
+)
+
 #: attempts after which a job whose supervisor never started is failed rather than requeued
 MAX_ATTEMPTS = 5
 
@@ -45,238 +89,6 @@ class State(enum.Enum):
 
 
 FINAL_STATES = frozenset({State.DONE})
-
-
-# ---- what a run directory or a supervisor says happened ------------------------------------
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Result:
-    """A true result (the tasks were launched): from ``wait`` or from ``exit.json``."""
-
-    state: str  # completed, failed or cancelled
-    exit_code: int | None = None
-    signal: int | None = None
-    reason: str | None = None
-    started_at: str | None = None
-    ended_at: str | None = None
-    core_dumped: bool = False
-    #: the OOM killer took a process of the step
-    oom: bool = False
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class NeverRan:
-    """The attempt started no task (its supervisor aborted, or never launched)."""
-
-    reason: str
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Lost:
-    """The supervisor is gone and tasks may have run: no result will ever come."""
-
-    reason: str
-    kill: bool = True  # the step's leftovers are to be killed (a usable identity exists)
-
-
-Verdict = Result | NeverRan | Lost
-
-
-# ---- events ----------------------------------------------------------------------------------
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Spawned:
-    pid: int
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class SpawnFailed:
-    reason: str
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class HelloAnswered:
-    phase: str  # ready, running, draining, exited, aborted
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Claimed:
-    pids: tuple[int, ...]
-    started_at: str | None = None
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class WaitTimedOut:
-    """``wait`` answered ``done: false``: the step still runs."""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ExitRecord:
-    """``wait`` answered with the step's exit record."""
-
-    verdict: Result | NeverRan | Lost
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Terminated:
-    phase: str
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Acked:
-    pass
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class AckFailed:
-    refused: bool  # an error reply (final) rather than a timeout (retried)
-    message: str = ""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class LinkError:
-    """A request failed while the run directory's lock is held: the supervisor lives."""
-
-    message: str
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Gone:
-    """The supervisor is gone (lock free); the run directory gave this verdict."""
-
-    verdict: Result | NeverRan | Lost
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class CancelRequested:
-    pass
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Deadline:
-    """A retry timer the machine asked for (``Retry``) has fired."""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Conflict:
-    """At reattach, the job's recorded allocation cannot be taken back."""
-
-    reason: str
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Restored:
-    """At reattach, the job's exact allocation is held again."""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class NoRunDir:
-    path: str
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class LockHeld:
-    """At reattach, the run directory's lock is held: a supervisor lives; say hello."""
-
-
-Event = (Spawned | SpawnFailed | HelloAnswered | Claimed | WaitTimedOut | ExitRecord | Terminated
-         | Acked | AckFailed | LinkError | Gone | CancelRequested | Deadline | Conflict
-         | Restored | NoRunDir | LockHeld)
-
-
-# ---- effects ---------------------------------------------------------------------------------
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Spawn:
-    pass
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Connect:
-    """Open a link if there is none and send ``hello``; ``fresh``: a just-spawned supervisor."""
-
-    fresh: bool
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Claim:
-    pass
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Wait:
-    pass
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Terminate:
-    pass
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Ack:
-    pass
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Disconnect:
-    pass
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Retry:
-    """Feed ``Deadline`` after the agent's retry interval."""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RecordPid:
-    pid: int
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RecordRunning:
-    pids: tuple[int, ...]
-    started_at: str | None
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Kill:
-    """SIGKILL what is left of the step (by identity, session and process group)."""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Finalize:
-    state: str  # completed, failed, cancelled or lost
-    exit_code: int | None = None
-    signal: int | None = None
-    reason: str | None = None
-    started_at: str | None = None
-    ended_at: str | None = None
-    core_dumped: bool = False
-    #: the OOM killer took a process of the step
-    oom: bool = False
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Requeue:
-    reason: str
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Release:
-    pass
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RemoveRunDir:
-    pass
-
-
-Effect = (Spawn | Connect | Claim | Wait | Terminate | Ack | Disconnect | Retry | RecordPid
-          | RecordRunning | Kill | Finalize | Requeue | Release | RemoveRunDir)
-
-#: effects that write the database; they come first in a transition's list
-DURABLE = (RecordPid, RecordRunning, Finalize, Requeue)
 
 
 # ---- the machine -----------------------------------------------------------------------------

@@ -18,7 +18,7 @@ import shutil
 import time
 from typing import TYPE_CHECKING
 
-from tether.agent import fallback, lifecycle
+from tether.agent import fallback, lifecycle, lifecycle_events
 from tether.agent.db import ACTIVE, Job
 from tether.agent.ledger import Conflict
 from tether.shared.paths import RunDir
@@ -69,14 +69,14 @@ def reattach_one(agent: Agent, job: Job) -> None:
         log.error("job %d: its allocation conflicts with this node's (%s); NOT adopting "
                   "it: marked lost, its supervisor (pid %s) is left alone", job.id, exc,
                   job.supervisor_pid)
-        agent.feed(job.id, job.attempt, lifecycle.Conflict(reason=str(exc)))
+        agent.feed(job.id, job.attempt, lifecycle_events.Conflict(reason=str(exc)))
         return
     agent.allocations[job.id] = job.allocation
     agent.scheduler.running(job)
-    agent.feed(job.id, job.attempt, lifecycle.Restored())
+    agent.feed(job.id, job.attempt, lifecycle_events.Restored())
     rd = agent.layout.run_dir(job.id, job.attempt)
     if not os.path.isdir(rd.path):
-        agent.feed(job.id, job.attempt, lifecycle.NoRunDir(path=rd.path))
+        agent.feed(job.id, job.attempt, lifecycle_events.NoRunDir(path=rd.path))
     elif fallback.lock_is_free(rd):
         agent.gone(job.id, job.attempt)
     else:

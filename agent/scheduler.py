@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from tether.agent import lifecycle, schedule
+from tether.agent import lifecycle_effects, schedule
 from tether.agent.db import Job, Queued
 from tether.shared import stamps
 from tether.shared.timers import Timer
@@ -107,7 +107,7 @@ class Scheduler:
                 break
         for queued in doomed:
             # Slurm's kill_invalid_depend: a dependency that can never be satisfied cancels
-            agent.job_ended(agent.finalize(queued.id, lifecycle.Finalize(
+            agent.job_ended(agent.finalize(queued.id, lifecycle_effects.Finalize(
                 state="cancelled", reason=schedule.NEVER)))
             agent.schedule_due = True  # its own dependents, next pass
 

@@ -11,32 +11,34 @@ from dataclasses import dataclass
 import pytest
 
 from tether.agent import lifecycle as lc
+from tether.agent import lifecycle_effects as fx
+from tether.agent import lifecycle_events as evs
 from tether.agent.lifecycle import State
 
-RESULT = lc.Result(state="completed", exit_code=0)
-FAILED = lc.Result(state="failed", exit_code=3)
-NEVER = lc.NeverRan(reason="its supervisor is gone and never launched the tasks")
-LOST = lc.Lost(reason="supervisor (pid 9) died while the job was running")
+RESULT = evs.Result(state="completed", exit_code=0)
+FAILED = evs.Result(state="failed", exit_code=3)
+NEVER = evs.NeverRan(reason="its supervisor is gone and never launched the tasks")
+LOST = evs.Lost(reason="supervisor (pid 9) died while the job was running")
 
 
 def fresh(cancel: bool = False, attempt: int = 1) -> lc.Machine:
     m, effects = lc.start(7, attempt, cancel=cancel)
-    assert effects == [lc.Spawn()]
+    assert effects == [fx.Spawn()]
     return m
 
 
 def adopted(running: bool, cancel: bool = False, attempt: int = 1) -> lc.Machine:
-    return lc.step(lc.adopt(7, attempt, running=running, cancel=cancel), lc.Restored())[0]
+    return lc.step(lc.adopt(7, attempt, running=running, cancel=cancel), evs.Restored())[0]
 
 
 def orphaned() -> lc.Machine:
     m, effects = lc.orphan(7, 1)
-    assert effects == [lc.Ack()]
+    assert effects == [fx.Ack()]
     return m
 
 
-def run(m: lc.Machine, events: list[lc.Event]) -> tuple[lc.Machine, list[lc.Effect]]:
-    out: list[lc.Effect] = []
+def run(m: lc.Machine, events: list[evs.Event]) -> tuple[lc.Machine, list[fx.Effect]]:
+    out: list[fx.Effect] = []
     for ev in events:
         m, effects = lc.step(m, ev)
         _durable_first(effects)
@@ -44,23 +46,23 @@ def run(m: lc.Machine, events: list[lc.Event]) -> tuple[lc.Machine, list[lc.Effe
     return m, out
 
 
-def kinds(effects: list[lc.Effect]) -> list[str]:
+def kinds(effects: list[fx.Effect]) -> list[str]:
     return [type(e).__name__ for e in effects]
 
 
-def outcome(effects: list[lc.Effect]) -> str | None:
+def outcome(effects: list[fx.Effect]) -> str | None:
     """``requeue``, a final state, or None if the attempt was not settled."""
     for e in effects:
-        if isinstance(e, lc.Requeue):
+        if isinstance(e, fx.Requeue):
             return "requeue"
-        if isinstance(e, lc.Finalize):
+        if isinstance(e, fx.Finalize):
             return e.state
     return None
 
 
-HELLO = lc.HelloAnswered
-CLAIMED = lc.Claimed(pids=(100,), started_at="t")
-CONNECTED = [lc.Spawned(pid=50)]
+HELLO = evs.HelloAnswered
+CLAIMED = evs.Claimed(pids=(100,), started_at="t")
+CONNECTED = [evs.Spawned(pid=50)]
 CLAIMING = [*CONNECTED, HELLO(phase="ready")]
 WAITING = [*CLAIMING, CLAIMED]
 
@@ -69,7 +71,7 @@ WAITING = [*CLAIMING, CLAIMED]
 class Row:
     row: str
     start: Callable[[], lc.Machine] | None  # None: the window involves no machine
-    events: list[lc.Event]
+    events: list[evs.Event]
     outcome: str | None  # what the attempt becomes: requeue, a final state, or None
     state: State | None = None
     must: tuple[str, ...] = ()  # effect kinds that must appear
@@ -79,85 +81,85 @@ class Row:
 ROWS = [
     # 1: a submit is one transaction; a pending job has no attempt and so no machine.
     Row("1", None, [], None),
-    Row("2", lambda: adopted(False), [lc.NoRunDir(path="/r")], "requeue", State.DONE,
+    Row("2", lambda: adopted(False), [evs.NoRunDir(path="/r")], "requeue", State.DONE,
         must=("Release",)),
-    Row("3", lambda: adopted(False), [lc.Gone(verdict=NEVER)], "requeue", State.DONE,
+    Row("3", lambda: adopted(False), [evs.Gone(verdict=NEVER)], "requeue", State.DONE,
         must=("Release", "RemoveRunDir")),
-    Row("4", lambda: adopted(False), [lc.LockHeld(), HELLO(phase="ready"), CLAIMED], None,
+    Row("4", lambda: adopted(False), [evs.LockHeld(), HELLO(phase="ready"), CLAIMED], None,
         State.WAITING, must=("Connect", "Claim", "RecordRunning", "Wait")),
     Row("4-fresh", fresh, WAITING, None, State.WAITING,
         must=("RecordPid", "Connect", "Claim", "RecordRunning", "Wait")),
-    Row("5", lambda: adopted(False), [lc.Gone(verdict=lc.NeverRan(reason="claim deadline"))],
+    Row("5", lambda: adopted(False), [evs.Gone(verdict=evs.NeverRan(reason="claim deadline"))],
         "requeue", State.DONE),
     Row("5-last-attempt", lambda: adopted(False, attempt=5),
-        [lc.Gone(verdict=lc.NeverRan(reason="claim deadline"))], "failed", State.DONE,
+        [evs.Gone(verdict=evs.NeverRan(reason="claim deadline"))], "failed", State.DONE,
         never=("Requeue",)),
-    Row("6", lambda: adopted(False), [lc.LockHeld(), HELLO(phase="running"), CLAIMED], None,
+    Row("6", lambda: adopted(False), [evs.LockHeld(), HELLO(phase="running"), CLAIMED], None,
         State.WAITING, must=("Claim", "RecordRunning", "Wait")),
-    Row("7", lambda: adopted(True), [lc.LockHeld(), HELLO(phase="running"), CLAIMED], None,
+    Row("7", lambda: adopted(True), [evs.LockHeld(), HELLO(phase="running"), CLAIMED], None,
         State.WAITING, must=("Claim", "Wait"), never=("RecordRunning",)),
     Row("8-live", lambda: adopted(True),
-        [lc.LockHeld(), HELLO(phase="exited"), lc.ExitRecord(verdict=RESULT), lc.Acked()],
+        [evs.LockHeld(), HELLO(phase="exited"), evs.ExitRecord(verdict=RESULT), evs.Acked()],
         "completed", State.DONE, must=("Wait", "Finalize", "Release", "Ack", "Disconnect"),
         never=("Claim",)),
-    Row("8-sentinel", lambda: adopted(True), [lc.Gone(verdict=FAILED)], "failed", State.DONE,
+    Row("8-sentinel", lambda: adopted(True), [evs.Gone(verdict=FAILED)], "failed", State.DONE,
         must=("Release", "RemoveRunDir")),
-    Row("9", orphaned, [lc.AckFailed(refused=False), lc.Deadline(), lc.Acked()], None,
+    Row("9", orphaned, [evs.AckFailed(refused=False), evs.Deadline(), evs.Acked()], None,
         State.DONE, must=("Retry", "Ack", "Disconnect"), never=("Finalize", "Release")),
-    Row("10", orphaned, [lc.Gone(verdict=NEVER)], None, State.DONE, must=("RemoveRunDir",),
+    Row("10", orphaned, [evs.Gone(verdict=NEVER)], None, State.DONE, must=("RemoveRunDir",),
         never=("Finalize", "Release", "Requeue")),
-    Row("11", fresh, [*CONNECTED, lc.Gone(verdict=NEVER)], "requeue", State.DONE),
-    Row("11-spawn-failed", fresh, [lc.SpawnFailed(reason="no shell")], "failed", State.DONE,
+    Row("11", fresh, [*CONNECTED, evs.Gone(verdict=NEVER)], "requeue", State.DONE),
+    Row("11-spawn-failed", fresh, [evs.SpawnFailed(reason="no shell")], "failed", State.DONE,
         must=("Release", "RemoveRunDir")),
-    Row("12", fresh, [*CLAIMING, lc.Gone(verdict=NEVER)], "requeue", State.DONE),
-    Row("12b", lambda: adopted(False), [lc.NoRunDir(path="/r")], "requeue", State.DONE),
-    Row("13", fresh, [*CLAIMING, lc.Gone(verdict=NEVER)], "requeue", State.DONE),
-    Row("13a", fresh, [*CLAIMING, lc.LinkError(message="launch"), lc.Deadline(),
+    Row("12", fresh, [*CLAIMING, evs.Gone(verdict=NEVER)], "requeue", State.DONE),
+    Row("12b", lambda: adopted(False), [evs.NoRunDir(path="/r")], "requeue", State.DONE),
+    Row("13", fresh, [*CLAIMING, evs.Gone(verdict=NEVER)], "requeue", State.DONE),
+    Row("13a", fresh, [*CLAIMING, evs.LinkError(message="launch"), evs.Deadline(),
                        HELLO(phase="ready")], None, State.CLAIMING,
         must=("Retry", "Connect", "Claim"), never=("Finalize", "Release")),
-    Row("13b", fresh, [*CLAIMING, lc.Gone(verdict=LOST)], "lost", State.DONE,
+    Row("13b", fresh, [*CLAIMING, evs.Gone(verdict=LOST)], "lost", State.DONE,
         must=("Kill", "Release", "RemoveRunDir")),
-    Row("14", fresh, [*WAITING, lc.Gone(verdict=LOST)], "lost", State.DONE,
+    Row("14", fresh, [*WAITING, evs.Gone(verdict=LOST)], "lost", State.DONE,
         must=("Kill", "Release")),
-    Row("15", lambda: adopted(True), [lc.Gone(verdict=LOST)], "lost", State.DONE,
+    Row("15", lambda: adopted(True), [evs.Gone(verdict=LOST)], "lost", State.DONE,
         must=("Kill",)),
-    Row("16", fresh, [*WAITING, lc.Gone(verdict=RESULT)], "completed", State.DONE),
+    Row("16", fresh, [*WAITING, evs.Gone(verdict=RESULT)], "completed", State.DONE),
     # 17: the job is final and its directory half removed: the orphan pass removes it.
     Row("17", None, [], None),
-    Row("18", fresh, [*CONNECTED, lc.LinkError(message="hung"), lc.Deadline(),
-                      lc.LinkError(message="hung"), lc.Deadline()], None, State.CONNECTING,
+    Row("18", fresh, [*CONNECTED, evs.LinkError(message="hung"), evs.Deadline(),
+                      evs.LinkError(message="hung"), evs.Deadline()], None, State.CONNECTING,
         never=("Finalize", "Release", "Requeue", "Kill")),
-    Row("19", lambda: adopted(True), [lc.Gone(verdict=LOST)], "lost", State.DONE),
-    Row("20-result", lambda: adopted(True), [lc.Gone(verdict=RESULT)], "completed",
+    Row("19", lambda: adopted(True), [evs.Gone(verdict=LOST)], "lost", State.DONE),
+    Row("20-result", lambda: adopted(True), [evs.Gone(verdict=RESULT)], "completed",
         State.DONE),
-    Row("20-running-no-manifest", lambda: adopted(True), [lc.Gone(verdict=NEVER)], "lost",
+    Row("20-running-no-manifest", lambda: adopted(True), [evs.Gone(verdict=NEVER)], "lost",
         State.DONE, must=("Kill",), never=("Requeue",)),
-    Row("20-starting", lambda: adopted(False), [lc.Gone(verdict=NEVER)], "requeue",
+    Row("20-starting", lambda: adopted(False), [evs.Gone(verdict=NEVER)], "requeue",
         State.DONE),
-    Row("21", lambda: adopted(True), [lc.Gone(verdict=RESULT)], "completed", State.DONE),
+    Row("21", lambda: adopted(True), [evs.Gone(verdict=RESULT)], "completed", State.DONE),
     Row("22-bad-manifest", lambda: adopted(False),
-        [lc.Gone(verdict=lc.Lost(reason="manifest unusable"))], "lost", State.DONE,
+        [evs.Gone(verdict=evs.Lost(reason="manifest unusable"))], "lost", State.DONE,
         never=("Requeue",)),
-    Row("22-forged-sentinel", fresh, [*WAITING, lc.Gone(verdict=lc.NeverRan(reason="forged"))],
+    Row("22-forged-sentinel", fresh, [*WAITING, evs.Gone(verdict=evs.NeverRan(reason="forged"))],
         "lost", State.DONE, never=("Requeue",)),
-    Row("23", fresh, [*CONNECTED, lc.LinkError(message="impostor"), lc.Deadline()], None,
+    Row("23", fresh, [*CONNECTED, evs.LinkError(message="impostor"), evs.Deadline()], None,
         State.CONNECTING, must=("Retry", "Connect"), never=("Finalize", "Release")),
     Row("24", lambda: lc.adopt(7, 1, running=True, cancel=False),
-        [lc.Conflict(reason="CPU 3 unknown")], "lost", State.DONE, never=("Release", "Kill")),
-    Row("25", lambda: adopted(True), [lc.NoRunDir(path="/r")], "lost", State.DONE,
+        [evs.Conflict(reason="CPU 3 unknown")], "lost", State.DONE, never=("Release", "Kill")),
+    Row("25", lambda: adopted(True), [evs.NoRunDir(path="/r")], "lost", State.DONE,
         never=("Requeue",)),
     # cancels (section 4)
-    Row("cancel-ready", fresh, [*CONNECTED, lc.CancelRequested(), HELLO(phase="ready"),
-                                lc.Terminated(phase="aborted")], "cancelled", State.DONE,
+    Row("cancel-ready", fresh, [*CONNECTED, evs.CancelRequested(), HELLO(phase="ready"),
+                                evs.Terminated(phase="aborted")], "cancelled", State.DONE,
         must=("Terminate", "Release"), never=("Claim",)),
-    Row("cancel-running", fresh, [*WAITING, lc.CancelRequested(),
-                                  lc.ExitRecord(verdict=lc.Result(state="cancelled"))],
+    Row("cancel-running", fresh, [*WAITING, evs.CancelRequested(),
+                                  evs.ExitRecord(verdict=evs.Result(state="cancelled"))],
         "cancelled", State.ACKING, must=("Terminate", "Ack")),
-    Row("cancel-lost", lambda: adopted(True, cancel=True), [lc.Gone(verdict=LOST)],
+    Row("cancel-lost", lambda: adopted(True, cancel=True), [evs.Gone(verdict=LOST)],
         "cancelled", State.DONE),
-    Row("cancel-never-ran", lambda: adopted(False, cancel=True), [lc.Gone(verdict=NEVER)],
+    Row("cancel-never-ran", lambda: adopted(False, cancel=True), [evs.Gone(verdict=NEVER)],
         "cancelled", State.DONE, never=("Requeue",)),
-    Row("cancel-after-claim", fresh, [*CLAIMING, lc.CancelRequested(), CLAIMED], None,
+    Row("cancel-after-claim", fresh, [*CLAIMING, evs.CancelRequested(), CLAIMED], None,
         State.WAITING, must=("Terminate", "Wait")),
 ]
 
@@ -177,13 +179,13 @@ def test_crash_window(row: Row) -> None:
         assert k not in names, (k, names)
 
 
-def _durable_first(effects: list[lc.Effect]) -> None:
+def _durable_first(effects: list[fx.Effect]) -> None:
     """Between two events, database writes precede every other effect but ``Kill``."""
     seen_other = False
     for e in effects:
-        if isinstance(e, lc.DURABLE):
+        if isinstance(e, fx.DURABLE):
             assert not seen_other, kinds(effects)
-        elif not isinstance(e, lc.Kill):
+        elif not isinstance(e, fx.Kill):
             seen_other = True
 
 
@@ -201,34 +203,34 @@ def test_every_row_of_the_architecture_table_is_here() -> None:
 
 # ---- invariants on random event sequences ----------------------------------------------------
 
-VERDICTS: list[lc.Verdict] = [RESULT, FAILED, NEVER, LOST, lc.Result(state="cancelled"),
-                              lc.NeverRan(reason="aborted")]
+VERDICTS: list[evs.Verdict] = [RESULT, FAILED, NEVER, LOST, evs.Result(state="cancelled"),
+                              evs.NeverRan(reason="aborted")]
 
 
-def random_event(rng: random.Random) -> lc.Event:
+def random_event(rng: random.Random) -> evs.Event:
     pick = rng.randrange(17)
     return [
-        lambda: lc.Spawned(pid=rng.randrange(1, 99)),
-        lambda: lc.SpawnFailed(reason="x"),
+        lambda: evs.Spawned(pid=rng.randrange(1, 99)),
+        lambda: evs.SpawnFailed(reason="x"),
         lambda: HELLO(phase=rng.choice(["ready", "running", "draining", "exited", "aborted"])),
         lambda: CLAIMED,
-        lambda: lc.WaitTimedOut(),
-        lambda: lc.ExitRecord(verdict=rng.choice(VERDICTS)),
-        lambda: lc.Terminated(phase=rng.choice(["aborted", "running"])),
-        lambda: lc.Acked(),
-        lambda: lc.AckFailed(refused=rng.random() < 0.5),
-        lambda: lc.LinkError(message="x"),
-        lambda: lc.Gone(verdict=rng.choice(VERDICTS)),
-        lambda: lc.CancelRequested(),
-        lambda: lc.Deadline(),
-        lambda: lc.Conflict(reason="x"),
-        lambda: lc.Restored(),
-        lambda: lc.NoRunDir(path="/r"),
-        lambda: lc.LockHeld(),
+        lambda: evs.WaitTimedOut(),
+        lambda: evs.ExitRecord(verdict=rng.choice(VERDICTS)),
+        lambda: evs.Terminated(phase=rng.choice(["aborted", "running"])),
+        lambda: evs.Acked(),
+        lambda: evs.AckFailed(refused=rng.random() < 0.5),
+        lambda: evs.LinkError(message="x"),
+        lambda: evs.Gone(verdict=rng.choice(VERDICTS)),
+        lambda: evs.CancelRequested(),
+        lambda: evs.Deadline(),
+        lambda: evs.Conflict(reason="x"),
+        lambda: evs.Restored(),
+        lambda: evs.NoRunDir(path="/r"),
+        lambda: evs.LockHeld(),
     ][pick]()
 
 
-def random_machine(rng: random.Random) -> tuple[lc.Machine, list[lc.Effect]]:
+def random_machine(rng: random.Random) -> tuple[lc.Machine, list[fx.Effect]]:
     attempt = rng.randrange(1, lc.MAX_ATTEMPTS + 2)
     kind = rng.randrange(4)
     if kind == 0:
@@ -269,7 +271,7 @@ def test_invariants_hold_on_random_event_sequences(seed: int) -> None:
             if "Release" in names:
                 assert "Finalize" in names or "Requeue" in names, (before, ev, names)
                 first_release = names.index("Release")
-                durable = [i for i, e in enumerate(effects) if isinstance(e, lc.DURABLE)]
+                durable = [i for i, e in enumerate(effects) if isinstance(e, fx.DURABLE)]
                 assert all(i < first_release for i in durable), names
         assert finalized + requeued <= 1, "an attempt is settled at most once"
         assert spawns <= 1
@@ -284,7 +286,7 @@ def test_invariants_hold_on_random_event_sequences(seed: int) -> None:
 
 
 def test_a_final_machine_takes_no_event() -> None:
-    m, _ = run(fresh(), [lc.SpawnFailed(reason="x")])
+    m, _ = run(fresh(), [evs.SpawnFailed(reason="x")])
     assert m.final
     rng = random.Random(1)
     for _ in range(200):
