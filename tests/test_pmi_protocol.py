@@ -1,5 +1,5 @@
-"""Pure tests for supervisor.pmi (with pmi_commands) and pmi_wire, its codec: PMI-1 and PMI-2
-as MPICH (and Slurm's libpmi2) speak them.
+"""Pure tests for supervisor.pmi (with pmi_framing, pmi_commands, pmi_kvs) and pmi_wire, its
+codec: PMI-1 and PMI-2 as MPICH (and Slurm's libpmi2) speak them.
 
 No sockets: a harness plays N ranks by feeding bytes and reading the Send outputs. Replies are
 compared as text; an expected reply ending in ``*`` is a prefix (for error messages).
