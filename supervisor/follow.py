@@ -16,7 +16,7 @@ import time
 from tether.shared import protocol
 from tether.shared.errors import TetherError
 from tether.shared.parking import Parked
-from tether.supervisor import handlers
+from tether.supervisor import handlers_output
 from tether.supervisor.state import Follow, Peer, SupervisorState
 
 log = logging.getLogger("tether.supervisor")
@@ -73,11 +73,11 @@ class Followers(SupervisorState):
                         upgrading: bool = False) -> bool:
         """Answer ``f`` if it has news (or ``force``); True if it was answered."""
         try:
-            res = handlers.follow_result(self, f.value.streams, f.value.offsets)
+            res = handlers_output.follow_result(self, f.value.streams, f.value.offsets)
         except TetherError as exc:  # e.g. the file shrank below the offset
             reply = protocol.error(f.rid, exc)
         else:
-            if not force and not handlers.has_news(res):
+            if not force and not handlers_output.has_news(res):
                 return False
             if upgrading:
                 res["upgrading"] = True
@@ -100,7 +100,7 @@ class Followers(SupervisorState):
 
     def answer_event_waiter(self, w: Parked[int], *, force: bool = True,
                             upgrading: bool = False) -> bool:
-        res = handlers.events_result(self, w.value)
+        res = handlers_output.events_result(self, w.value)
         if not (force or res["events"] or res["ended"]):
             return False
         if upgrading:

@@ -1,4 +1,8 @@
-"""Request handlers of the supervisor's socket: one table, one authorization class per verb.
+"""Request handlers of the supervisor's socket: one table, one authorization class per verb,
+and the verbs that act on the step (``claim``, ``wait``, ``ack``, ``abort``, ``terminate``,
+``upgrade``, ``signal``) or say who it is (``hello``, ``state``). The verbs that only read it are
+in handlers_inspect.py (``info``, ``pids``, ``stats``, ``pmi``) and handlers_output.py
+(``output``, ``events``).
 
 Who may call what is decided per request from the kernel's credentials of the connecting peer
 (SO_PEERCRED at connect time: the door's, or ZeroMQ's ``Peer-Address`` on the agent's socket),
@@ -22,16 +26,15 @@ from __future__ import annotations
 import logging
 import os
 import signal as _signal
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import tether
 from tether.shared import protocol
-from tether.shared.door import Conn
 from tether.shared.errors import BadRequest, PermissionDenied, StateError, UnknownKind
-from tether.shared.protocol import arg_int, arg_number, arg_str, check_known
-from tether.shared.wire import Peer as WirePeer
-from tether.supervisor import introspect
+from tether.shared.protocol import arg_int, arg_number, check_known
+from tether.supervisor import handlers_inspect, handlers_output
+from tether.supervisor.state import PENDING, Peer
 from tether.supervisor.step import Phase, signal_name
 
 if TYPE_CHECKING:
@@ -40,22 +43,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("tether.supervisor")
 
-#: Returned by a handler that will answer later (a long poll).
-PENDING = object()
-
-STREAMS = ("stdout", "stderr")
-#: Largest byte offset a follower may name (files are never that big; msgpack ints are 64-bit).
-MAX_OFFSET = 1 << 62
-#: Most events in one ``events`` reply; the follower asks again for the rest.
-EVENTS_MAX = 1000
-#: ``output`` without ``offset``: the last this many lines, unless ``lines`` says otherwise.
-DEFAULT_LINES = 10
-MAX_LINES = 1_000_000
-MAX_HOLD_ARG = 3600.0
-ENDED = (Phase.EXITED, Phase.ABORTED)
-
-#: who sent a request: the agent on the ZeroMQ socket in ctl/, or anyone on the door
-Peer = WirePeer | Conn
 Handler = Callable[["Supervisor", Peer, protocol.Request], Any]
 
 
@@ -191,231 +178,6 @@ def upgrade(sup: Supervisor, peer: Peer, req: protocol.Request) -> Any:
             "generation": sup.generation + 1}
 
 
-def pmi(sup: Supervisor, peer: Peer, req: protocol.Request) -> Any:
-    check_known(req.args, req.kind, ())
-    if sup.pmi is None:
-        raise StateError(f"step {sup.rd.job}.{sup.rd.attempt} was not started with PMI")
-    snap = sup.pmi.snapshot()
-    snap["kind"] = sup.spec.get("pmi")
-    return snap
-
-# ---- introspection ---------------------------------------------------------------------------
-
-
-def info(sup: Supervisor, peer: Peer, req: protocol.Request) -> Any:
-    check_known(req.args, req.kind, ())
-    spec = sup.spec
-    return {
-        "job": sup.rd.job, "attempt": sup.rd.attempt, "name": spec.get("name"),
-        "command": spec["command"], "uid": sup.owner_uid,
-        "user": spec["user"] if isinstance(spec.get("user"), str) else
-        introspect.user_name(sup.owner_uid), "workdir": spec["workdir"],
-        "ntasks": spec["ntasks"], "cpus": spec["cpus"], "gpus": spec["gpus"],
-        "memory_mb": spec["memory_mb"], "output": spec["output"], "error": spec["error"],
-        "pmi": spec.get("pmi", "none"), "version": tether.__version__,
-        "protocol": protocol.PROTOCOL_VERSION, "supervisor_pid": os.getpid(),
-        "state": sup.step.job_state(), "phase": sup.step.phase.value,
-        "started_at": sup.step.started_at, "ended_at": sup.step.ended_at,
-    }
-
-
-def _task_status(t: Any) -> dict[str, Any]:
-    return {"rank": t.rank, "pid": t.pid, "start_ticks": t.start_ticks,
-            "alive": bool(t.pid) and not t.done, "exit_code": t.exit_code,
-            "signal": t.signal, "reason": t.reason}
-
-
-def _step_processes(sup: Supervisor,
-                    procs: list[introspect.ProcSample]) -> introspect.StepProcesses:
-    leaders = {t.pid: t.rank for t in sup.step.tasks if t.pid and not t.done}
-    return introspect.step_processes(procs, os.getpid(), sup.session, leaders)
-
-
-def pids(sup: Supervisor, peer: Peer, req: protocol.Request) -> Any:
-    """Answered from a /proc scan made off the loop (``Supervisor.after_scan``)."""
-    check_known(req.args, req.kind, ())
-    sup.after_scan(peer, req.id, lambda procs: pids_result(sup, procs))
-    return PENDING
-
-
-def pids_result(sup: Supervisor, scanned: list[introspect.ProcSample]) -> Any:
-    me = os.getpid()
-    found = _step_processes(sup, scanned)
-    leaders = {t.pid for t in sup.step.tasks if t.pid and not t.done}
-    members = [p for group in found.by_rank.values() for p in group] + found.adopted
-    procs = []
-    for p in sorted(members, key=lambda p: p.pid):
-        if p.pid in leaders:
-            continue
-        rank = found.owner[p.pid]
-        procs.append({"pid": p.pid, "ppid": p.ppid, "pgrp": p.pgrp, "session": p.session,
-                      "start_ticks": p.start_ticks, "state": p.state, "comm": p.comm,
-                      "rank": rank, "adopted": rank is None and p.ppid == me})
-    return {"tasks": [_task_status(t) for t in sup.step.tasks],
-            "processes": procs[:introspect.MAX_PROCESSES],
-            "truncated": len(procs) > introspect.MAX_PROCESSES,
-            "supervisor_pid": me, "session": sup.session, "phase": sup.step.phase.value}
-
-
-def stats(sup: Supervisor, peer: Peer, req: protocol.Request) -> Any:
-    """Answered from a /proc scan made off the loop (``Supervisor.after_scan``)."""
-    check_known(req.args, req.kind, ())
-    sup.after_scan(peer, req.id, lambda procs: stats_result(sup, procs))
-    return PENDING
-
-
-def stats_result(sup: Supervisor, procs: list[introspect.ProcSample]) -> Any:
-    found = _step_processes(sup, procs)
-    now = introspect.boottime()
-    tasks = []
-    for t in sup.step.tasks:
-        entry: dict[str, Any] = {"rank": t.rank, "pid": t.pid, "alive": bool(t.pid) and not t.done}
-        if t.pid and not t.done:
-            group = found.by_rank.get(t.rank, [])  # memory read by the scan (snapshot)
-            entry.update(introspect.usage(group), processes=len(group),
-                         elapsed=introspect.elapsed(t.start_ticks, None, now))
-        else:
-            end = sup.task_end_boottime.get(t.rank)
-            entry.update(cpu_user=round(t.utime, 3), cpu_system=round(t.stime, 3), rss_kb=0,
-                         peak_rss_kb=t.maxrss_kb, processes=0,
-                         elapsed=introspect.elapsed(t.start_ticks, end, now) if t.pid else 0.0)
-        tasks.append(entry)
-    adopted = found.adopted
-    other = dict(introspect.usage(adopted), processes=len(adopted))
-    parts = [*tasks, other]
-    total = {
-        "cpu_user": round(sum(float(p["cpu_user"]) for p in parts), 3),
-        "cpu_system": round(sum(float(p["cpu_system"]) for p in parts), 3),
-        "rss_kb": sum(int(p["rss_kb"]) for p in parts),
-        "peak_rss_kb": sum(int(p["peak_rss_kb"]) for p in parts),
-        "processes": sum(int(p["processes"]) for p in parts),
-        "elapsed": max((float(t["elapsed"]) for t in tasks), default=0.0),
-    }
-    cg = sup.cgroup.stats() if sup.cgroup.active and sup.cgroup.exists() else None
-    return {"tasks": tasks, "adopted": other, "total": total, "phase": sup.step.phase.value,
-            "cgroup": cg}
-
-
-def _selected(sup: Supervisor, which: str) -> tuple[str, ...]:
-    """The streams a request names; ``both`` is one stream when both go to one file."""
-    if which == "both":
-        return ("stdout",) if sup.spec["output"] == sup.spec["error"] else STREAMS
-    return (which,)
-
-
-def _reader(sup: SupervisorState, name: str) -> int | None:
-    fd = sup.launcher.readers.get(name)
-    if fd is None and sup.step.phase not in (Phase.READY, Phase.ABORTED) and (
-            any(t.pid for t in sup.step.tasks)):
-        raise StateError(f"the {name} of step {sup.rd.job}.{sup.rd.attempt} cannot be read "
-                         "(the supervisor could not open it at launch)")
-    return fd
-
-
-def stream_sizes(sup: SupervisorState) -> dict[str, int]:
-    sizes = {}
-    for name in STREAMS:
-        fd = sup.launcher.readers.get(name)
-        sizes[name] = introspect.fd_size(fd) if fd is not None else 0
-    return sizes
-
-
-def follow_result(sup: SupervisorState, streams: tuple[str, ...],
-                  offsets: Mapping[str, int]) -> dict[str, Any]:
-    """New bytes of each stream from its offset (at most FOLLOW_MAX each), and ``ended``."""
-    res: dict[str, Any] = {"phase": sup.step.phase.value}
-    complete = True
-    final = sup.final_sizes or {}
-    for name in streams:
-        fd = _reader(sup, name)
-        off = offsets.get(name, 0)
-        size = introspect.fd_size(fd) if fd is not None else 0
-        if off > size:
-            raise BadRequest(f"offset {off} is past the end of {name} ({size} bytes)")
-        data = b""
-        if fd is not None and off < size:
-            data = introspect.read_span(introspect.fd_reader(fd), off, size,
-                                        introspect.FOLLOW_MAX)
-        res[name] = {"data": data, "offset": off + len(data), "size": size}
-        if off + len(data) < final.get(name, 0):
-            complete = False
-    res["ended"] = sup.step.phase in ENDED and sup.final_sizes is not None and complete
-    return res
-
-
-def has_news(res: Mapping[str, Any]) -> bool:
-    return bool(res["ended"]) or any(
-        res[name]["data"] for name in STREAMS if name in res)
-
-
-def _offsets(value: Any, streams: tuple[str, ...]) -> dict[str, int]:
-    if not isinstance(value, dict):
-        raise BadRequest("argument 'offset' must be a map of stream name to byte offset")
-    offsets = {}
-    for name in value:
-        if name not in streams:
-            raise BadRequest(f"argument 'offset' names {name!r}, which is not one of the "
-                             f"streams asked for ({', '.join(streams)})")
-        offsets[name] = arg_int(value, name, minimum=0, maximum=MAX_OFFSET)
-    return offsets
-
-
-def output(sup: Supervisor, peer: Peer, req: protocol.Request) -> Any:
-    check_known(req.args, req.kind, ("stream", "lines", "offset", "hold"))
-    which = arg_str(req.args, "stream", default="both")
-    if which not in (*STREAMS, "both"):
-        raise BadRequest(f"argument 'stream' must be stdout, stderr or both, not {which!r}")
-    streams = _selected(sup, which)
-    if "offset" in req.args:
-        if "lines" in req.args:
-            raise BadRequest("'lines' (the last lines) and 'offset' (follow) exclude each other")
-        offsets = _offsets(req.args["offset"], streams)
-        hold = arg_number(req.args, "hold", default=0.0, maximum=MAX_HOLD_ARG)
-        res = follow_result(sup, streams, offsets)
-        if hold > 0 and not has_news(res):
-            sup.add_follower(peer, req.id, streams, offsets, hold)
-            return PENDING
-        sup.note_stream(peer, "output", bool(res["ended"]))
-        return res
-    if "hold" in req.args:
-        raise BadRequest("'hold' needs 'offset' (follow mode)")
-    lines = arg_int(req.args, "lines", default=DEFAULT_LINES, minimum=0, maximum=MAX_LINES)
-    res = {"phase": sup.step.phase.value}
-    for name in streams:
-        fd = _reader(sup, name)
-        if fd is None:
-            res[name] = {"data": b"", "offset": 0, "size": 0, "truncated": False}
-            continue
-        read = introspect.fd_reader(fd)
-        size = introspect.fd_size(fd)
-        start, truncated = introspect.tail_start(read, size, lines)
-        data = introspect.read_span(read, start, size, introspect.TAIL_MAX)
-        res[name] = {"data": data, "offset": start, "size": size, "truncated": truncated}
-    return res
-
-
-def events_result(sup: SupervisorState, after: int) -> dict[str, Any]:
-    batch = sup.events[after:after + EVENTS_MAX]
-    last = after + len(batch)
-    return {"events": batch, "last": last,
-            "ended": sup.step.phase in ENDED and last == len(sup.events)}
-
-
-def events(sup: Supervisor, peer: Peer, req: protocol.Request) -> Any:
-    check_known(req.args, req.kind, ("after", "hold"))
-    after = arg_int(req.args, "after", default=0, minimum=0, maximum=MAX_OFFSET)
-    if after > len(sup.events):
-        raise BadRequest(f"argument 'after' is {after}, past the last event "
-                         f"({len(sup.events)})")
-    hold = arg_number(req.args, "hold", default=0.0, maximum=MAX_HOLD_ARG)
-    res = events_result(sup, after)
-    if hold > 0 and not res["events"] and not res["ended"]:
-        sup.add_event_waiter(peer, req.id, after, hold)
-        return PENDING
-    sup.note_stream(peer, "events", bool(res["ended"]))
-    return res
-
-
 def signal(sup: Supervisor, peer: Peer, req: protocol.Request) -> Any:
     check_known(req.args, req.kind, ("signal", "rank"))
     num = arg_int(req.args, "signal")
@@ -452,13 +214,13 @@ def signal(sup: Supervisor, peer: Peer, req: protocol.Request) -> Any:
 
 
 HANDLERS: dict[str, Handler] = {
-    "info": info,
-    "pids": pids,
-    "stats": stats,
-    "output": output,
-    "events": events,
+    "info": handlers_inspect.info,
+    "pids": handlers_inspect.pids,
+    "stats": handlers_inspect.stats,
+    "output": handlers_output.output,
+    "events": handlers_output.events,
     "signal": signal,
-    "pmi": pmi,
+    "pmi": handlers_inspect.pmi,
     "hello": hello,
     "state": state,
     "claim": claim,

@@ -335,7 +335,7 @@ HOT: tuple[str, ...] = (
     'abc:ABCMeta.__subclasscheck__',
     'collections.abc:Collection.__subclasshook__',
     'tether.supervisor.recording:Recording.step_over',
-    'tether.supervisor.handlers:stream_sizes',
+    'tether.supervisor.handlers_output:stream_sizes',
     'tether.supervisor.introspect:fd_size',
     'tether.supervisor.follow:Followers.wake_followers',
     'tether.shared.parking:Lot.__len__',

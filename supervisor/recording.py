@@ -16,7 +16,7 @@ from typing import Any
 import tether
 from tether.shared import protocol, records
 from tether.shared.timers import rfc3339_now
-from tether.supervisor import handlers, introspect
+from tether.supervisor import handlers_output, introspect
 from tether.supervisor.state import SupervisorState
 from tether.supervisor.step import Phase
 
@@ -108,7 +108,7 @@ class Recording(SupervisorState):
         parked. Idempotent."""
         if self.final_sizes is None:
             try:
-                self.final_sizes = handlers.stream_sizes(self)
+                self.final_sizes = handlers_output.stream_sizes(self)
             except OSError as exc:
                 log.error("cannot stat the output files: %s", exc)
                 self.final_sizes = {}

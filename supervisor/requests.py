@@ -16,7 +16,7 @@ from tether.shared import protocol, wire
 from tether.shared.door import Conn, answer
 from tether.shared.errors import TetherError
 from tether.supervisor import handlers
-from tether.supervisor.state import Peer, ScanReply, SupervisorState
+from tether.supervisor.state import PENDING, Peer, ScanReply, SupervisorState
 
 if TYPE_CHECKING:
     from tether.supervisor.service import Supervisor
@@ -48,7 +48,7 @@ class Requests(SupervisorState):
         """One request from either transport: the same verbs, the same authorization."""
         sup = cast("Supervisor", self)  # this part exists only mixed into a Supervisor
         answer(lambda: handlers.dispatch(sup, peer, req), req, peer,
-               lambda r: self.reply(peer, r), log, handlers.PENDING, self.door)
+               lambda r: self.reply(peer, r), log, PENDING, self.door)
 
     def after_scan(self, peer: Peer, rid: protocol.RequestId, compute: ScanReply) -> None:
         """Answer a request with ``compute(processes)`` from a /proc scan that begins after

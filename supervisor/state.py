@@ -29,7 +29,8 @@ from tether.shared.parking import Lot, Parked
 from tether.shared.paths import RunDir
 from tether.shared.procid import ProcId
 from tether.shared.timers import Timer, Timers
-from tether.supervisor import handlers, introspect
+from tether.shared.wire import Peer as WirePeer
+from tether.supervisor import introspect
 from tether.supervisor.launch import Launcher
 from tether.supervisor.opener import Opener, ThreadOpener
 from tether.supervisor.pmi import Output, PmiServer
@@ -44,7 +45,10 @@ CLOSE_LINGER_MS = 1000
 TERMINATING = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 IGNORED_SIGNALS = (signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 
-Peer = handlers.Peer
+#: who sent a request: the agent on the ZeroMQ socket in ctl/, or anyone on the door
+Peer = WirePeer | Conn
+#: Returned by a handler (handlers.py) that will answer later: a long poll, a /proc scan.
+PENDING = object()
 #: computes a reply from a /proc scan's processes (``after_scan``)
 ScanReply = Callable[[list[introspect.ProcSample]], Any]
 
