@@ -21,8 +21,9 @@ import msgpack
 
 import tether
 from tether.agent import users
-from tether.agent.db import ACTIVE, FINAL, SCHEMA_VERSION, Job
+from tether.agent.job import ACTIVE, FINAL, Job
 from tether.agent.ledger import Request as ResourceRequest
+from tether.agent.schema import SCHEMA_VERSION
 from tether.shared import jobopts, outpattern, protocol, records
 from tether.shared.cgroup import CgroupError
 from tether.shared.door import Conn

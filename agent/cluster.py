@@ -41,7 +41,7 @@ import zmq
 
 import tether
 from tether.agent import cluster_db, cluster_local, lifecycle_effects
-from tether.agent.db import FINAL, Job
+from tether.agent.job import FINAL, Job
 from tether.shared import cluster_db as shared_db
 from tether.shared.cluster_sql import CHANNEL_JOB, CHANNEL_QUEUE, demand
 

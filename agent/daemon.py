@@ -40,7 +40,8 @@ import zmq
 from tether.agent import api, effects, follow, group_commit, launcher, lifecycle, recovery, statedir
 from tether.agent.config import AgentConfig, AgentError, allowed_cpus
 from tether.agent.contain import BadBase, Containment
-from tether.agent.db import Job, Store
+from tether.agent.db import Store
+from tether.agent.job import Job
 from tether.agent.ledger import Allocation, Ledger
 from tether.agent.lifecycle_events import Event, LockHeld
 from tether.agent.link import Link

@@ -26,8 +26,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from tether.agent import fallback, lifecycle, lifecycle_effects, lifecycle_events
-from tether.agent.db import Job, StoreFull
+from tether.agent.db import StoreFull
 from tether.agent.follow import RETRY_UNRESPONSIVE
+from tether.agent.job import Job
 from tether.shared.faults import agent_fault
 from tether.shared.timers import rfc3339_now
 

@@ -22,7 +22,7 @@ import os
 import signal
 from typing import Any
 
-from tether.agent.db import Job
+from tether.agent.job import Job
 from tether.agent.lifecycle_events import Lost, NeverRan, Result, Verdict
 from tether.shared import records
 from tether.shared.paths import RunDir

@@ -23,7 +23,8 @@ import zmq
 import tether
 import tether.shared.records
 from tether.agent import fallback, lifecycle, lifecycle_events
-from tether.agent.db import Job, StoreFull
+from tether.agent.db import StoreFull
+from tether.agent.job import Job
 from tether.agent.link import Link
 from tether.shared import protocol
 from tether.shared.errors import RemoteError, TetherError

@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 import tether
 import tether.shared.records
 from tether.agent import fallback, lifecycle, lifecycle_events, users
-from tether.agent.db import Job
 from tether.agent.group_commit import wait_for_go
+from tether.agent.job import Job
 from tether.agent.ledger import Request
 from tether.agent.spawn import SpawnError
 from tether.shared.errors import TetherError

@@ -19,7 +19,7 @@ import time
 from typing import TYPE_CHECKING
 
 from tether.agent import fallback, lifecycle, lifecycle_events
-from tether.agent.db import ACTIVE, Job
+from tether.agent.job import ACTIVE, Job
 from tether.agent.ledger import Conflict
 from tether.shared.paths import RunDir
 

@@ -26,7 +26,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from tether.agent.db import FINAL
+from tether.agent.job import FINAL
 
 # Pending reasons, in Slurm's words (squeue(1), "JOB REASON CODES").
 RESOURCES = "Resources"

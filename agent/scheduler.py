@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from tether.agent import lifecycle_effects, schedule
-from tether.agent.db import Job, Queued
+from tether.agent.job import Job, Queued
 from tether.shared import stamps
 from tether.shared.timers import Timer
 

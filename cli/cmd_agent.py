@@ -16,7 +16,7 @@ def agent(state_dir: str, ns: argparse.Namespace) -> int:
     from tether.agent.config import AgentConfig, AgentError, allowed_cpus, memory_mb
     from tether.agent.contain import default_base
     from tether.agent.daemon import Agent
-    from tether.agent.db import SchemaError
+    from tether.agent.schema import SchemaError
     from tether.shared.faults import agent_faults
     from tether.shared.paths import PathTooLong
 

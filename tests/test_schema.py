@@ -11,10 +11,10 @@ import subprocess
 import pytest
 
 from tests.helpers import CLI, Node
-from tether.agent import db
+from tether.agent import db, schema
 
 # release 0.1.0's table as that build created it: unversioned, user_version 0
-_V010 = db._BASELINE.replace(
+_V010 = schema._BASELINE.replace(
     "cancel_requested INTEGER NOT NULL DEFAULT 0\n",
     "cancel_requested INTEGER NOT NULL DEFAULT 0,\n    pmi TEXT NOT NULL DEFAULT 'none',\n"
     "    user TEXT,\n    uid INTEGER,\n    gid INTEGER\n")
@@ -46,7 +46,7 @@ def test_fresh_database_is_at_the_current_version(tmp_path: object) -> None:
     path = os.path.join(str(tmp_path), "t.db")
     store = db.Store(path)
     try:
-        assert store.version() == db.SCHEMA_VERSION
+        assert store.version() == schema.SCHEMA_VERSION
     finally:
         store.close()
     assert not os.path.exists(path + ".v0")  # nothing to back up
@@ -57,7 +57,7 @@ def test_unversioned_release_0_1_0_database_migrates_keeping_its_jobs(tmp_path: 
     _old_db(path)
     store = db.Store(path)
     try:
-        assert store.version() == db.SCHEMA_VERSION
+        assert store.version() == schema.SCHEMA_VERSION
         assert [j.name for j in store.all()] == ["old"]
     finally:
         store.close()
@@ -73,16 +73,16 @@ def test_unversioned_release_0_1_0_database_migrates_keeping_its_jobs(tmp_path: 
 def test_a_failing_migration_leaves_the_previous_version_whole(
         tmp_path: object, monkeypatch: pytest.MonkeyPatch) -> None:
     path = os.path.join(str(tmp_path), "t.db")
-    _old_db(path, version=db.SCHEMA_VERSION)
-    broken = db.Migration("adds a column, then fails", db.sql(
+    _old_db(path, version=schema.SCHEMA_VERSION)
+    broken = schema.Migration("adds a column, then fails", schema.sql(
         "ALTER TABLE jobs ADD COLUMN half TEXT", "SELECT * FROM no_such_table"))
-    monkeypatch.setattr(db, "MIGRATIONS", [*db.MIGRATIONS, broken])
-    monkeypatch.setattr(db, "SCHEMA_VERSION", db.SCHEMA_VERSION + 1)
+    monkeypatch.setattr(schema, "MIGRATIONS", [*schema.MIGRATIONS, broken])
+    monkeypatch.setattr(schema, "SCHEMA_VERSION", schema.SCHEMA_VERSION + 1)
     with pytest.raises(sqlite3.OperationalError):
         db.Store(path)
     conn = sqlite3.connect(path)
     try:
-        assert conn.execute("PRAGMA user_version").fetchone() == (db.SCHEMA_VERSION - 1,)
+        assert conn.execute("PRAGMA user_version").fetchone() == (schema.SCHEMA_VERSION - 1,)
         cols = {row[1] for row in conn.execute("PRAGMA table_info(jobs)")}
         assert "half" not in cols
     finally:
@@ -90,7 +90,7 @@ def test_a_failing_migration_leaves_the_previous_version_whole(
 
 
 def test_agent_refuses_a_newer_schema_in_one_line_and_changes_nothing(node: Node) -> None:
-    newer = db.SCHEMA_VERSION + 1
+    newer = schema.SCHEMA_VERSION + 1
     _old_db(node.layout.db, version=newer)
     before = _digest(node.layout.db)
     res = subprocess.run([*CLI, "agent", "--state-dir", node.state, "--cpus", "1"],
@@ -99,7 +99,7 @@ def test_agent_refuses_a_newer_schema_in_one_line_and_changes_nothing(node: Node
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1, res.stderr
     assert f"schema version {newer}" in lines[0]
-    assert f"this build's {db.SCHEMA_VERSION}" in lines[0]
+    assert f"this build's {schema.SCHEMA_VERSION}" in lines[0]
     assert "Traceback" not in res.stderr
     assert _digest(node.layout.db) == before
     assert not os.path.exists(node.layout.sock)

@@ -16,7 +16,7 @@ import pytest
 import tether
 from tests.helpers import CLI, Node, default_output, poll_until
 from tests.releases import release
-from tether.agent import db
+from tether.agent import schema
 from tether.cli.connect import agent_call
 from tether.cli.errors import CliError
 from tether.shared import protocol
@@ -97,8 +97,8 @@ def test_old_agent_to_new_and_back_with_jobs_running(skew_node: Node, old: list[
     node.start()
     st = json.loads(ok(node, new, "status", "--json"))
     assert (st["version"], st["protocol"], st["schema"]) == (
-        tether.__version__, protocol.PROTOCOL_VERSION, db.SCHEMA_VERSION)
-    assert user_version(node) == db.SCHEMA_VERSION
+        tether.__version__, protocol.PROTOCOL_VERSION, schema.SCHEMA_VERSION)
+    assert user_version(node) == schema.SCHEMA_VERSION
     with connect(tick_old, state_dir=node.state) as step:
         assert step.hello["version"] == "0.1.0" and step.client.protocol == 1
     inspected = json.loads(ok(node, new, "inspect", str(tick_old), "--json"))
@@ -190,7 +190,7 @@ def test_an_older_agent_on_a_newer_schema_changes_and_runs_nothing(
     node.stop()
     conn = sqlite3.connect(node.layout.db, isolation_level=None)  # the next release's migration
     conn.execute("ALTER TABLE jobs ADD COLUMN next_release TEXT")
-    conn.execute(f"PRAGMA user_version = {db.SCHEMA_VERSION + 1}")
+    conn.execute(f"PRAGMA user_version = {schema.SCHEMA_VERSION + 1}")
     conn.close()
     with open(node.layout.db, "rb") as f:
         before = f.read()

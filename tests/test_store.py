@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from tether.agent.db import Job, Store
+from tether.agent.db import Store
+from tether.agent.job import Job
 
 
 def _store(tmp_path: Any) -> Store:
