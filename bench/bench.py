@@ -7,7 +7,8 @@
 
 Every process-start figure is measured in one loop together with ``python3 -I -c pass`` (the
 machine-speed reference: the ratio is printed), and, where Slurm is reachable (``SLURM_CONF``
-set and ``srun`` on PATH), together with Slurm's own command for the same thing. Progress goes
+set and ``srun`` on PATH; ``bench/slurm_local.py`` starts a throwaway one), together with Slurm's
+own command for the same thing (``bench/slurm_side.py``). Progress goes
 to stderr. Everything runs on short scratch state directories under one
 ``tempfile.mkdtemp(dir="/tmp")``; what the run started is killed on the way out (see
 ``harness.Cleaner``). Parts:
@@ -18,22 +19,27 @@ to stderr. Everything runs on short scratch state directories under one
   directly on the template's socket and the supervisor's ready pipe, no agent involved;
 - ``launch``: in-process ``submit`` -> running -> completed, and where it goes (the agent's and
   supervisors' log lines: spawned -> ready -> launched);
-- ``inspect``: ``tether inspect JOB --json`` vs ``scontrol listpids``;
+- ``inspect``: ``tether inspect JOB --json`` vs ``scontrol listpids`` (of a running job that
+  runs an ``srun sleep`` step, started for the part);
 - ``throughput``: 200 ``true`` jobs submitted back to back by one in-process client (agent
   ``--cpus 64``), first submit to last completion; then by 8 clients at once; with ``--busy N``
   also by one client while N ``sleep`` steps run (the agent follows every supervisor);
+  Slurm: as many ``sbatch --wrap true`` back to back, first submit to the last one gone;
 - ``steps``: N ``sleep`` jobs (100 by default) started at once (``status`` round trips timed
   while they start), weighed from ``/proc/PID/smaps_rollup`` after they have all run for
   ``--idle`` (60) seconds, then the agent SIGKILLed and restarted 3 times: Popen -> ``status``
   answers, and the agent's own "serving after" figure (which covers the reattach);
   with ``--ksm``, the agent runs with ``--ksm`` and, when the bench is root, ksmd runs for the
-  part (``/sys/kernel/mm/ksm/run`` set to 1, its value put back on the way out);
-- ``mpi``: MPICH 2-rank hello under ``tether submit --wait --pmi pmi1`` vs ``mpiexec -n 2``.
+  part (``/sys/kernel/mm/ksm/run`` set to 1, its value put back on the way out); Slurm: as
+  many ``srun --overlap sleep`` steps of one job, each slurmstepd weighed after ``--idle``;
+- ``mpi``: MPICH 2-rank hello under ``tether submit --wait --pmi pmi1`` vs ``mpiexec -n 2``
+  (and ``srun -N1 -n2 --mpi=pmi2``).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -51,6 +57,7 @@ from collections.abc import Callable
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from bench import slurm_side  # noqa: E402
 from bench.harness import (  # noqa: E402
     REATTACH_RE,
     Agent,
@@ -76,10 +83,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 #: the machine-speed reference: the interpreter tether itself runs on (not a pyenv shim on PATH)
 REFERENCE = [sys.executable, "-I", "-c", "pass"]
 PARTS = ("cli", "spawn", "launch", "inspect", "throughput", "steps", "mpi")
-
-
-def slurm() -> bool:
-    return bool(os.environ.get("SLURM_CONF")) and shutil.which("srun") is not None
+slurm = slurm_side.available
 
 
 def tether_cli() -> list[str]:
@@ -143,16 +147,17 @@ def bench_inspect(agent: Agent, runs: int) -> dict[str, Any]:
     job = agent.submit(["sleep", "300"])
     poll_until(lambda: agent.call("show", {"job": job})["state"] == "running", 30,
                f"job {job} running")
-    log(f"inspect: {runs} rounds of inspect {job} --json / python3 -I -c pass")
     cmds: dict[str, Callable[[], float]] = {
         "python": lambda: timed(REFERENCE),
         "tether": lambda: timed([*tether_cli(), "--state-dir", agent.state, "inspect", str(job),
                                  "--json"], cwd=agent.work),
     }
-    if slurm() and shutil.which("scontrol") and os.environ.get("BENCH_SLURM_JOB"):
-        cmds["scontrol"] = lambda: timed(["scontrol", "listpids",
-                                          os.environ["BENCH_SLURM_JOB"]])
-    out = paired(runs, cmds)
+    with contextlib.ExitStack() as stack:
+        if slurm():
+            sjob = str(stack.enter_context(slurm_side.running_step()))
+            cmds["scontrol"] = lambda: timed(["scontrol", "listpids", sjob])
+        log(f"inspect: {runs} rounds of {' / '.join(cmds)} (tether job {job})")
+        out = paired(runs, cmds)
     agent.call("cancel", {"job": job})
     agent.call("wait", {"job": job, "hold": 20}, timeout=30)
     return out
@@ -560,7 +565,8 @@ def bench_mpi(agent: Agent, runs: int) -> dict[str, Any]:
     exe = os.path.join(agent.dir, "hello_mpi")
     subprocess.run(["mpicc", "-O1", "-o", exe, os.path.join(ROOT, "tests/mpi/hello_mpi.c")],
                    check=True)
-    log(f"mpi: {runs} rounds of 2-rank MPICH hello: tether / mpiexec / python3 -I -c pass")
+    log(f"mpi: {runs} rounds of 2-rank MPICH hello: tether / mpiexec / python3 -I -c pass"
+        + (" / srun --mpi=pmi2" if slurm() else ""))
     cmds: dict[str, Callable[[], float]] = {
         "python": lambda: timed(REFERENCE),
         "tether": lambda: timed([*tether_cli(), "--state-dir", agent.state, "submit", "--wait",
@@ -638,6 +644,8 @@ def main(argv: list[str] | None = None) -> int:
                                                        accounts=cleaner.accounts)
             cleaner.agents.append(t)
             t.kill()
+            if slurm():
+                result["throughput"]["sbatch"] = slurm_side.throughput(ns.jobs)
             result["throughput_concurrent"], t = bench_throughput(root, ns.jobs, ns.submitters,
                                                                   "tc", cleaner.accounts)
             cleaner.agents.append(t)
@@ -651,6 +659,8 @@ def main(argv: list[str] | None = None) -> int:
             if ns.ksm:
                 ksm_before = ksmd_on()
             result["steps"] = bench_steps(root, ns.steps, ns.idle, ns.restarts, ns.ksm)
+            if slurm():
+                result["steps"]["slurm"] = slurm_side.steps(ns.steps, ns.idle)
     except (BenchError, TetherError, OSError, subprocess.SubprocessError) as exc:
         result["error"] = f"{type(exc).__name__}: {exc}"
         rc = 1

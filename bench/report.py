@@ -20,15 +20,19 @@ def xpy(part: dict[str, Any] | None, key: str) -> str:
     return f"{part[key]['x_python']}x py" if part and key in part else "-"
 
 
+def vs(ours: float, theirs: float | None, what: str) -> str:
+    """`` (0.52x srun)``: tether's figure as a multiple of Slurm's, when Slurm was measured."""
+    return f" ({ours / theirs:.2f}x {what})" if theirs else ""
+
+
 def table(r: dict[str, Any]) -> list[str]:
     """One line per row of the issue's table: Slurm (when measured), tether, goal, reference."""
     rows: list[tuple[str, str, str, str, str]] = []
     cli = r.get("cli")
     if cli:
-        ratio = (f"{cli['tether']['median'] / cli['srun']['median']:.2f}x srun"
-                 if "srun" in cli else "")
-        rows.append(("submit --wait -- true vs srun -N1 -n1 true",
-                     med(cli.get("srun")), med(cli["tether"]) + (f" ({ratio})" if ratio else ""),
+        rows.append(("submit --wait -- true vs srun -N1 -n1 true", med(cli.get("srun")),
+                     med(cli["tether"]) + vs(cli["tether"]["median"],
+                                             cli.get("srun", {}).get("median"), "srun"),
                      "<= 45 ms", f"{xpy(cli, 'tether')}; python {med(cli['python'])}"))
     sp = r.get("spawn")
     if sp:
@@ -38,11 +42,15 @@ def table(r: dict[str, Any]) -> list[str]:
     st = r.get("steps")
     if st:
         m = st["supervisor_median"]
+        sl = st.get("slurm")
+        sl_pss = sl["slurmstepd_median"]["Pss"] if sl else 0
         rows.append((f"memory per idle step, {st['steps']} concurrent (PSS, after "
                      f"{st['idle_s']:g} s{', --ksm' if st.get('ksm') is not None else ''})",
-                     "-",
-                     f"{m['Pss'] / 1024:.2f} MiB (USS {m['Uss'] / 1024:.2f})", "<= 3 MiB", ""))
-        rows.append((f"steps that fit in {st['mem_total_mib'] / 1024:.1f} GiB", "-",
+                     f"slurmstepd {sl_pss / 1024:.2f} MiB" if sl else "-",
+                     f"{m['Pss'] / 1024:.2f} MiB (USS {m['Uss'] / 1024:.2f})"
+                     + vs(m["Pss"], sl_pss, "slurmstepd"), "<= 3 MiB", ""))
+        rows.append((f"steps that fit in {st['mem_total_mib'] / 1024:.1f} GiB",
+                     f"{int(st['mem_total_mib'] * 1024 / sl_pss):,}" if sl else "-",
                      f"{st['steps_that_fit']:,}", ">= 6,000", "MemTotal / median PSS"))
         if "restart_median_log_ms" in st:
             rows.append((f"agent restart -> answering, {st['steps']} live supervisors", "-",
@@ -58,13 +66,18 @@ def table(r: dict[str, Any]) -> list[str]:
     ins = r.get("inspect")
     if ins:
         rows.append(("inspect JOB --json vs scontrol listpids", med(ins.get("scontrol")),
-                     med(ins["tether"]), "<= 25 ms",
+                     med(ins["tether"]) + vs(ins["tether"]["median"],
+                                             ins.get("scontrol", {}).get("median"), "scontrol"),
+                     "<= 25 ms",
                      f"{xpy(ins, 'tether')}; python {med(ins['python'])}"))
     tp = r.get("throughput")
     if tp:
-        rows.append((f"{tp['jobs']} true jobs back to back, in-process", "-",
-                     f"{tp['jobs_per_s']} jobs/s", ">= 100 jobs/s",
-                     f"submit reply {med(tp['submit_reply_ms'])}"))
+        sb = tp.get("sbatch")
+        rows.append((f"{tp['jobs']} true jobs back to back, in-process",
+                     f"sbatch {sb['jobs_per_s']} jobs/s" if sb else "-",
+                     f"{tp['jobs_per_s']} jobs/s"
+                     + vs(tp["jobs_per_s"], sb["jobs_per_s"] if sb else None, "sbatch"),
+                     ">= 100 jobs/s", f"submit reply {med(tp['submit_reply_ms'])}"))
     tc = r.get("throughput_concurrent")
     if tc:
         rows.append((f"the same from {tc['submitters']} concurrent clients", "-",
@@ -79,7 +92,9 @@ def table(r: dict[str, Any]) -> list[str]:
     if mpi and "tether" in mpi:
         rows.append(("MPICH 2-rank hello vs mpiexec -n 2", med(mpi.get("srun")),
                      f"{med(mpi['tether'])} ({mpi['x_mpiexec']}x mpiexec "
-                     f"{med(mpi['mpiexec'])})", "<= 1.3x mpiexec", xpy(mpi, "tether")))
+                     f"{med(mpi['mpiexec'])})" + vs(mpi["tether"]["median"],
+                                                    mpi.get("srun", {}).get("median"), "srun"),
+                     "<= 1.3x mpiexec", xpy(mpi, "tether")))
     out = ["| figure | Slurm | tether | goal | reference |", "|---|---|---|---|---|"]
     out += [f"| {a} | {b} | {c} | {d} | {e} |" for a, b, c, d, e in rows]
     return out
@@ -134,6 +149,11 @@ def report(r: dict[str, Any]) -> str:
                     f"agent database fsyncs per job: {tp.get('db_syncs_per_job')}, agent CPU "
                     f"per job: {tp.get('agent_cpu_ms_per_job')} ms, CPU of all processes per "
                     f"job: {tp.get('all_cpu_ms_per_job')} ms"]
+            sb = tp.get("sbatch")
+            if sb:
+                out.append(f"  Slurm: {sb['jobs']} sbatch --wrap true in {sb['total_s']} s "
+                           f"({sb['jobs_per_s']}/s); submits took {sb['submit_all_s']} s, each "
+                           f"sbatch {fmt(sb['submit_reply_ms'])}")
     st = r.get("steps")
     if st:
         m = st["supervisor_median"]
@@ -151,6 +171,14 @@ def report(r: dict[str, Any]) -> str:
             out.append(f"  restart {i}: {rd}")
         out.append(f"  same supervisors after the restarts: "
                    f"{st.get('same_supervisors_after_restarts')}")
+        sl = st.get("slurm")
+        if sl:
+            m = sl["slurmstepd_median"]
+            out.append(f"  Slurm: {sl['steps']} steps running after {sl['all_running_s']} s; "
+                       f"median slurmstepd after {sl['idle_s']:g} s: Pss {m['Pss']} kB (anon "
+                       f"{m['Pss_Anon']}, file {m['Pss_File']}), VmRSS {m['VmRSS']} kB, "
+                       f"{m['Threads']} threads, {m['fds']} fds; sum of Pss "
+                       f"{sl['slurmstepd_pss_sum_mib']} MiB")
     mpi = r.get("mpi")
     if mpi:
         out += ["", "mpi (2 ranks):"]
