@@ -79,6 +79,10 @@ FAULTS = (
           "once it has sent the ready byte (both sockets listen, ZeroMQ not started yet), the "
           "supervisor creates `ready.held` in the run directory and waits for `ready.go` there: "
           "the agent's connection and hello wait in the kernel's backlog meanwhile"),
+    Fault(SUPERVISOR, "hold-after-task", "each supervisor",
+          "once the first task is started and before the next, the supervisor creates "
+          "`task.held` in the run directory and waits for `task.go` there (each task is "
+          "forked on its own CPUs: the supervisor must be back on its own meanwhile)"),
     Fault(SUPERVISOR, "error-on-usr2", "each supervisor",
           "SIGUSR2 raises an exception in the loop that nothing expects: the supervisor kills "
           "its tasks and exits with status 3 (crash-only)"),

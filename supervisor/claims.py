@@ -24,6 +24,7 @@ from tether.supervisor import handlers
 from tether.supervisor.opener import ForkInstead, LaunchFailed, Opened, new_opener, output_paths
 from tether.supervisor.state import Peer, SupervisorState, killpg
 from tether.supervisor.step import Phase, bounded
+from tether.supervisor.sweeper import hold
 
 log = logging.getLogger("tether.supervisor")
 
@@ -119,6 +120,8 @@ class Claims(SupervisorState):
             self.step.launched_mono = time.monotonic()
             self.limit_timer = self.timers.at(time.monotonic() + float(limit),
                                               self.time_limit_reached)
+        if faults.supervisor_fault("hold-after-task"):
+            self.launcher.after_first = lambda: hold(self.rd.path, "task")
         try:
             self.launcher.launch(self.spec, self.step, got)
         except LaunchFailed as exc:

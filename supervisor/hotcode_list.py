@@ -249,6 +249,7 @@ HOT: tuple[str, ...] = (
     'tether.shared.cgroup_layout:parse_proc_cgroup',
     'tether.shared.cgroup_layout:join',
     'tether.shared.cgroup:write',
+    'tether.supervisor.launch:_pinned',
     'tether.supervisor.launch:Launcher._popen',
     'subprocess:Popen.__init__',
     'subprocess:_cleanup',

@@ -7,7 +7,10 @@ import ctypes
 import os
 import struct
 
+import pytest
+
 from tests.helpers import Node, poll_until
+from tether.shared import records
 
 PROBE = (
     'echo "rank=$TETHER_TASK_ID ntasks=$TETHER_NTASKS job=$TETHER_JOB_ID '
@@ -43,6 +46,30 @@ def test_each_task_gets_its_rank_cpus_gpus_and_environment(make_node: type[Node]
                       f"cpus={_cpulist({phys})}")
     assert lines == expect
 
+
+
+def test_the_supervisor_leaves_a_task_s_cpus_before_it_forks_the_next(node: Node) -> None:
+    """Each task is forked with the supervisor on the task's CPUs, which the child inherits
+    before it execs; the supervisor is back on its own as soon as the fork returns. Still
+    pinned, it would wait for the new task's time slice before it could fork the next rank."""
+    allowed = sorted(os.sched_getaffinity(0))
+    if len(allowed) < 2:
+        pytest.skip("one CPU: no two tasks to pin apart")
+    node.start(env={"TETHER_SUPERVISOR_FAULT": "hold-after-task"})
+    job = node.submit("sh", "-c", "grep Cpus_allowed_list /proc/self/status | cut -f2",
+                      opts=("--ntasks", "2"))
+    rd = node.layout.run_dir(job, 1)
+    poll_until(lambda: os.path.exists(os.path.join(rd.path, "task.held")), 30,
+               "the first task to be started")
+    sup = records.read_manifest(rd.manifest)["supervisor"]["pid"]
+    try:
+        assert os.sched_getaffinity(sup) == set(allowed)
+    finally:
+        open(os.path.join(rd.path, "task.go"), "w").close()
+    j = node.wait_end(job)
+    assert (j["state"], j["cpus"]) == ("completed", [0, 1])
+    with open(j["output"]) as f:
+        assert sorted(f.read().split()) == [str(c) for c in allowed[:2]]
 
 def test_output_and_error_go_to_their_files(node: Node) -> None:
     node.start()
