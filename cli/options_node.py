@@ -1,0 +1,156 @@
+"""The options of the verbs about the node and the cluster: ``agent``, ``status``, ``top``,
+``upgrade-supervisors``, ``completion``, ``man``, ``cluster``, ``nodes`` and ``drain``.
+
+Apart from ``parser.py``'s machinery for the same reason as ``options_jobs.py``; one
+``add_<verb>`` function per verb.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from tether.cli.argtypes import (
+    job_id,
+    non_negative,
+    positive,
+    positive_seconds,
+    seconds,
+    time_limit,
+)
+from tether.cli.parser import CLUSTER_HELP, Parser, add_json, verb
+
+TYPE_CHECKING = False  # typing costs every CLI run ~2 ms: for the type checker only
+if TYPE_CHECKING:
+    from typing import Any
+
+
+def add_agent(sub: Any) -> None:
+    a = verb(sub, "agent", "run the node agent in the foreground",
+             "Run the node agent in the foreground. SIGTERM, SIGINT or SIGHUP stop it and leave "
+             "every job running; a restarted agent takes them back.")
+    a.add_argument("--config", metavar="FILE",
+                   help="settings file: KEY = VALUE per option above or below, named without "
+                   "the dashes (cpus = 8, cancel-grace = 30); options given here override it "
+                   "(default /etc/tether/agent.toml, if it exists)")
+    a.add_argument("--cpus", type=positive, metavar="N",
+                   help="CPU ids 0..N-1, at most the CPUs this process may run on unless "
+                   "--oversubscribe (default: the CPUs this process may run on)")
+    a.add_argument("--gpus", type=non_negative, default=0, metavar="N",
+                   help="GPUs to hand out, ids 0..N-1 (default 0)")
+    a.add_argument("--memory-mb", type=non_negative, metavar="MB",
+                   help="memory to hand out, in MiB (default: MemTotal of /proc/meminfo)")
+    a.add_argument("--node", metavar="NAME", help="node name (default: the host name)")
+    a.add_argument("--cancel-grace", type=seconds, default=10.0, metavar="SECONDS",
+                   help="time between SIGTERM and SIGKILL when a job is cancelled (default 10)")
+    a.add_argument("--default-time", type=time_limit, metavar="TIME",
+                   help="time limit of a job submitted without --time, in submit --time's "
+                   "notation (default: none)")
+    a.add_argument("--max-time", type=time_limit, metavar="TIME",
+                   help="the longest time limit a job may ask for; a submission over it is "
+                   "refused (default: no maximum)")
+    a.add_argument("--oversubscribe", action="store_true",
+                   help="allow --cpus beyond the CPUs this process may run on: the logical ids "
+                   "are mapped onto the real ones, several to a CPU (status says so)")
+    a.add_argument("--claim-timeout", type=seconds, default=120.0, metavar="SECONDS",
+                   help="how long a new supervisor waits for the agent to claim it before it "
+                   "gives up (default 120)")
+    a.add_argument("--linger", type=seconds, default=3600.0, metavar="SECONDS",
+                   help="how long a supervisor keeps a result nobody acknowledged (default 3600)")
+    a.add_argument("--cgroup", default="auto", choices=["auto", "v2", "hybrid", "v1", "none"],
+                   help="contain each step in a cgroup: v2; hybrid (v1 memory, cgroup2 for "
+                   "tracking, kill and freeze); the v1 hierarchies (memory, pids, freezer, "
+                   "cpuacct); or none (process groups only). auto: v2 where it has the memory "
+                   "controller, else hybrid, else v1, else v2 for tracking alone, else none "
+                   "(default auto)")
+    a.add_argument("--cgroup-base", metavar="PATH",
+                   help="where steps' cgroups go, in each hierarchy: relative to the agent's own "
+                   "cgroup, or absolute from the hierarchy's root (default tether-HASH, HASH "
+                   "from the state directory, so that two agents never share one)")
+    a.add_argument("--default-memory-mb", type=non_negative, default=0, metavar="MB",
+                   help="memory limit of a job submitted without --memory-mb, in MiB; 0: "
+                   "unlimited but accounted (default 0)")
+    a.add_argument("--ksm", action="store_true",
+                   help="mark the supervisor template's memory, and so every warm supervisor's, "
+                   "mergeable by the kernel's same-page merging: less memory per step, at the "
+                   "cost of a host-wide timing side channel (docs/operations.md); needs "
+                   "/sys/kernel/mm/ksm/run = 1 (default off)")
+    a.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+                   help="log to stderr from this level on (default INFO)")
+    a.add_argument("--heartbeat", type=positive_seconds, metavar="SECONDS",
+                   help="with --cluster: time between the node's heartbeats (default 2)")
+
+
+def add_status(sub: Any) -> None:
+    s = verb(sub, "status", "is the agent answering; what does it hold",
+             "Ask the agent for its node, version, allocated resources and job counts. Exit 1 "
+             "if no agent answers (with --json, {\"running\": false, \"error\": ...} on stdout "
+             "too).")
+    add_json(s, "the agent's status")
+
+
+def add_top(sub: Any) -> None:
+    s = verb(sub, "top", "a live view of the node: allocations, running and pending jobs",
+             "A live full-screen view of the node, refreshed every --interval: the agent's "
+             "allocations, the running jobs with their CPU use (percent of one CPU since the "
+             "last refresh) and memory from their supervisors, the pending jobs with the reason "
+             "they wait, the last jobs to end. q or Ctrl-C quits. When stdout is not a terminal it "
+             "prints one plain snapshot per refresh instead.")
+    s.add_argument("--interval", type=positive_seconds, default=1.0, metavar="SECONDS",
+                   help="time between refreshes (default 1)")
+    s.add_argument("--iterations", type=positive, metavar="N",
+                   help="stop after N refreshes (default: until Ctrl-C)")
+
+
+def add_upgrade(sub: Any) -> None:
+    u = verb(sub, "upgrade-supervisors", "re-exec running supervisors into the installed tether",
+             "Make each running step's supervisor re-execute itself into the installed tether, "
+             "keeping its pid, its tasks, its socket and its state; exit 0 once each answers "
+             "as the installed version (docs/operations.md). Root or the agent's user only.")
+    u.add_argument("jobs", type=job_id, nargs="*", metavar="JOB",
+                   help="job ids (default: every step with a live supervisor)")
+
+
+def add_completion(sub: Any) -> None:
+    s = verb(sub, "completion", "print a shell completion script",
+             "Print a completion script for bash or zsh, written from this very parser.",
+             epilog="examples:\n  source <(tether completion bash)       # this shell\n"
+             "  tether completion bash > /etc/bash_completion.d/tether\n"
+             "  tether completion zsh > \"${fpath[1]}/_tether\"")
+    s.add_argument("shell", choices=["bash", "zsh"], help="the shell: bash or zsh")
+
+
+def add_man(sub: Any) -> None:
+    verb(sub, "man", "print the manual page (roff)",
+         "Print the manual page, written from this very parser, as roff.",
+         epilog="examples:\n  tether man | man -l -\n  tether man > /usr/local/share/man/man1/"
+         "tether.1")
+
+
+def add_cluster(sub: Any) -> None:
+    s = verb(sub, "cluster", "set up the cluster database (tether cluster init)",
+             "Administer the cluster's PostgreSQL database.")
+    csub = s.add_subparsers(dest="cluster_cmd", metavar="ACTION", parser_class=Parser,
+                            required=True)
+    init = csub.add_parser("init", prog="tether cluster init",
+                           help="create or upgrade the schema (idempotent)",
+                           description="Create the cluster's tables, or bring them to this "
+                           "tether's schema version; a second run changes nothing.")
+    init.add_argument("--cluster", metavar="DSN", default=argparse.SUPPRESS, help=CLUSTER_HELP)
+    init.add_argument("--heartbeat-timeout", type=positive_seconds, metavar="SECONDS",
+                      help="how long a node may miss heartbeats before any live agent declares "
+                      "it down and requeues its jobs (default 30; a re-init without it keeps "
+                      "the current value)")
+    add_json(init, "the schema version and timeout")
+
+
+def add_nodes(sub: Any) -> None:
+    s = verb(sub, "nodes", "list the cluster's nodes (with --cluster)",
+             "List the cluster's nodes: state (up, down, draining), CPUs, GPUs and memory "
+             "allocated/total, running jobs, last heartbeat, version.")
+    add_json(s, "an array of node objects")
+
+
+def add_drain(sub: Any) -> None:
+    s = verb(sub, "drain", "stop new work going to a node (with --cluster)",
+             "Stop new work going to NODE; its running jobs go on.")
+    s.add_argument("node", metavar="NODE", help="node name")
