@@ -34,7 +34,7 @@ class AgentConfig:
     cgroup: str = "auto"
     cgroup_base: str | None = None  #: None: contain.default_base(state_dir)
     default_memory_mb: int = 0
-    #: the supervisor template's memory is marked for kernel same-page merging (``--ksm``)
+    #: warm supervisors mark their own pages for kernel same-page merging (``--ksm``)
     ksm: bool = False
 
 

@@ -70,8 +70,8 @@ def add_agent(sub: Any) -> None:
                    help="memory limit of a job submitted without --memory-mb, in MiB; 0: "
                    "unlimited but accounted (default 0)")
     a.add_argument("--ksm", action="store_true",
-                   help="mark the supervisor template's memory, and so every warm supervisor's, "
-                   "mergeable by the kernel's same-page merging: less memory per step, at the "
+                   help="have every warm supervisor mark the pages it holds alone mergeable by "
+                   "the kernel's same-page merging: less memory per step, at the "
                    "cost of a host-wide timing side channel (docs/operations.md); needs "
                    "/sys/kernel/mm/ksm/run = 1 (default off)")
     a.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],

@@ -20,7 +20,7 @@ from tether.shared import faults, protocol
 from tether.shared.cgroup import CgroupError, StepCgroup
 from tether.shared.errors import LaunchError, StateError
 from tether.shared.timers import rfc3339_now
-from tether.supervisor import handlers
+from tether.supervisor import handlers, ksm
 from tether.supervisor.opener import ForkInstead, LaunchFailed, Opened, new_opener, output_paths
 from tether.supervisor.state import Peer, SupervisorState, killpg
 from tether.supervisor.step import Phase, bounded
@@ -139,6 +139,8 @@ class Claims(SupervisorState):
         if faults.supervisor_fault("die-after-launch"):
             os.kill(os.getpid(), signal.SIGKILL)  # test-only: the crash window before "running"
         self.write_manifest()
+        if ksm.ENABLED:
+            self.timers.at(time.monotonic() + ksm.DELAY, ksm.mark_now)
         log.info("launched %d task(s): pids %s", self.step.ntasks,
                  [t.pid for t in self.step.tasks])
         self.answer_claims()

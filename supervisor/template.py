@@ -35,12 +35,12 @@ random across the whole heap (bench/README.md has the figures).
 
 Same-page merging (``agent --ksm``, off by default: docs/operations.md). Most of the pages a
 supervisor copies end up byte-identical to another supervisor's (the same reference counts
-written in the same objects), so with ``--ksm`` this process marks its private writable
-mappings ``MADV_MERGEABLE`` just before it freezes: its forks inherit the mark, and ksmd
-(when the operator runs it) merges their identical copies. Not ``PR_SET_MEMORY_MERGE``: that
-marks the whole address space and survives exec (seen on 6.18), so every task of every user
-would be mergeable too, a side channel into their memory and ksmd's work on all of it; a
-mark on mappings ends with the task's exec.
+written in the same objects). With ``--ksm`` this process marks nothing itself (a mark on its
+mappings would be inherited, and ksmd would read every page its forks still share with it):
+it tells its forks to mark their own copies once their step runs (ksm.py). Not
+``PR_SET_MEMORY_MERGE``: that marks the whole address space and survives exec (seen on 6.18),
+so every task of every user would be mergeable too, a side channel into their memory and
+ksmd's work on all of it; a mark on mappings ends with the task's exec.
 
 Running supervisors never depend on the template: they share nothing with it after the fork.
 The template leaves when asked (an agent of another code identity replaces it) and when its
@@ -68,7 +68,7 @@ import tether.supervisor.__main__ as entry
 import tether.supervisor.pmi_io  # noqa: F401  (everything a supervisor may load, loaded now)
 from tether.shared import template_wire
 from tether.shared.template_wire import TemplateError
-from tether.supervisor import hotcode, hotcode_list
+from tether.supervisor import hotcode, hotcode_list, ksm
 from tether.supervisor.service import reset_signal_dispositions
 
 log = logging.getLogger("tether.template")
@@ -83,9 +83,6 @@ EXIT_SETUP_FAILED = 70
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 _libc.srand.argtypes = [ctypes.c_uint]
 _libc.srand.restype = None
-_libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-_libc.madvise.restype = ctypes.c_int
-MADV_MERGEABLE = 12
 
 #: this process's environment when it began to serve: what a supervisor's differs by is all it
 #: changes of ``os.environ`` (rebuilding the whole mapping touches every entry)
@@ -96,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="tether-template")
     p.add_argument("--socket", required=True)
     p.add_argument("--ksm", action="store_true",
-                   help="mark this process's memory mergeable (agent --ksm)")
+                   help="its supervisors mark their own copies mergeable (agent --ksm)")
     args = p.parse_args(argv)
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter(
@@ -129,13 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     gc.collect()
     sys._clear_type_cache()  # (see the module's docstring: Memory)
     if args.ksm:
-        marked, why = mark_mergeable()
-        if why is not None:
-            log.warning("--ksm has no effect on %s of this template's mappings: madvise("
-                        "MADV_MERGEABLE) refused (%s)", "all" if not marked else "some", why)
-        else:
-            log.info("%d mappings marked mergeable (--ksm)", marked)
-        sys.stderr.flush()
+        ksm.ENABLED = True  # each supervisor marks its own copies once its step runs (ksm.py)
     gc.freeze()  # from here on the collector leaves the imported world's pages alone
     sock.settimeout(CHECK_INTERVAL)
     while True:
@@ -157,24 +148,6 @@ def main(argv: list[str] | None = None) -> int:
             log.exception("internal error while serving a request")
         finally:
             conn.close()
-
-
-def mark_mergeable() -> tuple[int, str | None]:
-    """madvise(MADV_MERGEABLE) each private writable mapping of this process (see the
-    module's docstring). Returns how many were marked, and why one was refused (None: none)."""
-    with open("/proc/self/maps") as f:
-        lines = f.read().splitlines()  # whole, before madvise splits or merges any mapping
-    marked, why = 0, None
-    for line in lines:
-        fields = line.split()
-        if fields[1][1] != "w" or fields[1][3] != "p":
-            continue
-        lo, hi = (int(x, 16) for x in fields[0].split("-"))
-        if _libc.madvise(lo, hi - lo, MADV_MERGEABLE) == 0:
-            marked += 1
-        else:
-            why = os.strerror(ctypes.get_errno())
-    return marked, why
 
 
 def _still_ours(path: str, inode: int) -> bool:
