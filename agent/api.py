@@ -1,7 +1,8 @@
 """Requests the agent answers on its door (every local user's CLI): one table of handlers.
 
 Each handler validates its arguments completely before touching anything, so bad input gets a
-one-line error and changes nothing.
+one-line error and changes nothing (the checks several handlers share, and a submission's, are
+in request_args.py).
 
 Who may do what (the caller is the kernel's uid of the connection, never anything it sent):
 any user ``hello``, ``status``, ``list``, ``show`` (every job's public fields, as ``squeue``
@@ -23,19 +24,23 @@ import tether
 from tether.agent import users
 from tether.agent.job import ACTIVE, FINAL, Job
 from tether.agent.ledger import Request as ResourceRequest
+from tether.agent.request_args import (
+    abs_path_arg,
+    array_arg,
+    expand_paths,
+    index_arg,
+    one_job,
+    owner_or_root,
+    sched_args,
+    submitter,
+    targets,
+    task_paths,
+)
 from tether.agent.schema import SCHEMA_VERSION
-from tether.shared import jobopts, outpattern, protocol, records
+from tether.shared import protocol, records
 from tether.shared.cgroup import CgroupError
 from tether.shared.door import Conn
-from tether.shared.errors import (
-    BadRequest,
-    NotFound,
-    PermissionDenied,
-    ResourceError,
-    StateError,
-    TetherError,
-    UnknownKind,
-)
+from tether.shared.errors import BadRequest, ResourceError, StateError, TetherError, UnknownKind
 from tether.shared.protocol import arg_int, arg_number, arg_str, arg_str_list, check_known
 from tether.shared.timers import rfc3339_now
 
@@ -58,8 +63,6 @@ MAX_COMMAND_BYTES = 128 * 1024
 PMI_KINDS = ("none", "pmi1", "pmi2")
 #: The node name keeps two agents' outputs apart in a shared directory (job ids are per agent).
 DEFAULT_OUTPUT = "tether-%N-%j.out"
-#: Jobs one submission may depend on, arrays counted element by element.
-MAX_DEPENDENCIES = 1000
 #: An array element's: Slurm's %A_%a
 DEFAULT_ARRAY_OUTPUT = "tether-%N-%A_%a.out"
 
@@ -83,79 +86,6 @@ def status(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
     out["cgroup"] = agent.contain.status()
     out["db_syncs"] = agent.db.syncs  # group commit: fsyncs of the database so far
     return out
-
-
-def _job(agent: Agent, args: Any) -> Any:
-    job_id = arg_int(args, "job", minimum=1)
-    job = agent.db.get(job_id)
-    if job is None:
-        raise NotFound(f"no job {job_id}")
-    return job
-
-
-def _abs_path(args: Any, name: str, workdir: str) -> str | None:
-    value = arg_str(args, name, optional=True)
-    if value is None or value == "":
-        return None
-    return os.path.normpath(os.path.join(workdir, value))
-
-
-def _owner_or_root(agent: Agent, peer: Peer, job: Any, verb: str) -> None:
-    owner = job.uid if job.uid is not None else os.getuid()
-    if peer.uid in (0, os.getuid(), owner):
-        return
-    raise PermissionDenied(f"permission denied: {verb!r} of job {job.id} is for its owner "
-                           f"({job.user or f'uid {owner}'}) and root only (you are uid "
-                           f"{peer.uid})")
-
-
-def _submitter(peer: Peer, user_name: str | None) -> users.User:
-    """Who the job runs as: the caller, as the kernel names it; root may name anyone."""
-    if user_name is not None:
-        if os.geteuid() != 0:
-            raise BadRequest("--user needs an agent running as root")
-        if peer.uid != 0:
-            me = users.by_uid(peer.uid, peer.gid)
-            if me.name != user_name:
-                raise PermissionDenied(f"permission denied: only root may submit as another "
-                                       f"user (you are {me.name}, uid {peer.uid})")
-            return me
-        return users.lookup(user_name)
-    if peer.uid != os.geteuid() and os.geteuid() != 0:
-        raise PermissionDenied(f"permission denied: this agent runs as uid {os.geteuid()} and "
-                               f"can only run that user's jobs (you are uid {peer.uid})")
-    if peer.uid == os.geteuid():
-        return users.current()
-    return users.by_uid(peer.uid, peer.gid)
-
-
-def expand_paths(job_id: int, name: str, output: str, error: str, user: str, node: str,
-                 array_id: int | None = None, array_index: int | None = None,
-                 ) -> tuple[str, str]:
-    """The output and error names with the job's tokens expanded (``%t`` is left to the
-    supervisor, which gives each task its files). Nothing is looked at on disk."""
-    values = {"j": str(job_id), "x": name, "u": user, "N": node,
-              "A": str(job_id if array_id is None else array_id),
-              "a": str(array_index or 0)}
-    return outpattern.for_job(output, values), outpattern.for_job(error, values)
-
-
-def output_paths(job: Job, output: str, error: str, user: str, node: str) -> tuple[str, str]:
-    """``expand_paths`` for a recorded job; each name's directory must exist (checked by this
-    process: a submission checks them as its user instead, ``users.check_access``)."""
-    out, err = expand_paths(job.id, job.name, output, error, user, node,
-                            getattr(job, "array_id", None),  # arrays: the scheduler's columns
-                            getattr(job, "array_index", None))
-    for label, path in (("output", out), ("error", err)):
-        if not os.path.isdir(os.path.dirname(outpattern.for_task(path, 0))):
-            raise BadRequest(f"{label} file {path}: its directory does not exist")
-    return out, err
-
-
-def task_paths(out: str, err: str, ntasks: int) -> set[str]:
-    """Every file the tasks will write: one pair, or one per task with ``%t``."""
-    ranks = range(ntasks) if outpattern.per_task(out) or outpattern.per_task(err) else [0]
-    return {outpattern.for_task(p, r) for r in ranks for p in (out, err)}
 
 
 def submit(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
@@ -188,11 +118,11 @@ def submit(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
     pmi = arg_str(args, "pmi", default="none")
     if pmi not in PMI_KINDS:
         raise BadRequest(f"unknown PMI {pmi!r}: use one of {', '.join(PMI_KINDS)}")
-    output = _abs_path(args, "output", workdir)
-    error = _abs_path(args, "error", workdir)
+    output = abs_path_arg(args, "output", workdir)
+    error = abs_path_arg(args, "error", workdir)
     user_name = arg_str(args, "user", optional=True, max_len=64)
-    sched = _sched_args(agent, args)
-    indices, array_max = _array_arg(args)
+    sched = sched_args(agent, args)
+    indices, array_max = array_arg(args)
     why = agent.ledger.never_fits(ResourceRequest(cpus * ntasks, gpus, memory))
     if why:
         per = f" ({ntasks} tasks x {cpus} CPUs)" if ntasks > 1 else ""
@@ -210,7 +140,7 @@ def submit(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
         """On the worker thread: who the user is (NSS may be slow), her file names (``%u``),
         and, as that user, whether the workdir can be entered and the outputs written (root
         would see what she cannot)."""
-        user = _submitter(peer, user_name)
+        user = submitter(peer, user_name)
         default = os.path.join(workdir, DEFAULT_ARRAY_OUTPUT if indices else DEFAULT_OUTPUT)
         names = [expand_paths(i, name, output or default, error or output or default,
                               user.name, node, array_id, indices[k] if indices else None)
@@ -268,74 +198,6 @@ def submit(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
     return PENDING
 
 
-def _sched_args(agent: Agent, args: Any) -> dict[str, Any]:
-    """The job_sched facts of a submission: its time limit (the node's default, refused over
-    its maximum), its hold and its dependencies (resolved to job ids, arrays to their
-    elements)."""
-    out: dict[str, Any] = {}
-    limit: float | None = None
-    if args.get("time_limit") is not None:
-        limit = arg_number(args, "time_limit", default=0.0, minimum=0.001,
-                           maximum=jobopts.MAX_TIME)
-    elif agent.cfg.default_time is not None:
-        limit = agent.cfg.default_time
-    if limit is not None and agent.cfg.max_time is not None and limit > agent.cfg.max_time:
-        raise BadRequest(f"time limit {jobopts.format_time(limit)} is over node "
-                         f"{agent.cfg.node}'s maximum of {jobopts.format_time(agent.cfg.max_time)}")
-    if limit is not None:
-        out["time_limit"] = limit
-    if args.get("begin") is not None:
-        out["begin_at"] = arg_number(args, "begin", default=0.0, maximum=1e11)
-    hold = args.get("hold", False)
-    if not isinstance(hold, bool):
-        raise BadRequest("argument 'hold' must be true or false")
-    if hold:
-        out["held"] = True
-    text = arg_str(args, "dependency", optional=True, max_len=16384)
-    if text:
-        try:
-            refs = jobopts.parse_dependency(text)
-        except ValueError as exc:
-            raise BadRequest(str(exc)) from None
-        deps: dict[tuple[str, int], None] = {}
-        for kind, job, index in dict.fromkeys(refs):
-            # ids only (an array's thousand elements are not read whole), and no further than
-            # the cap: a hostile list of refs costs at most MAX_DEPENDENCIES lookups' worth
-            for j in agent.db.ref_ids(job, index):
-                deps[(kind, j)] = None
-            if len(deps) > MAX_DEPENDENCIES:  # arrays expand: each pass reads every state
-                raise BadRequest(f"dependency {text[:60]!r}... names more than "
-                                 f"{MAX_DEPENDENCIES} jobs (an array counts each element)")
-        out["dependency"] = list(deps)
-    return out
-
-
-def _array_arg(args: Any) -> tuple[list[int], int | None]:
-    text = arg_str(args, "array", optional=True, max_len=4096)
-    if not text:
-        return [], None
-    try:
-        return jobopts.parse_array(text)
-    except ValueError as exc:
-        raise BadRequest(str(exc)) from None
-
-
-def _targets(agent: Agent, job_id: int, index: int | None) -> list[Job]:
-    """The jobs a reference names: ``ID_INDEX`` one element; ``ID`` the job, or every element
-    when ID is an array's (Slurm: ``scancel 12`` is the whole array)."""
-    if index is not None:
-        job = agent.db.element(job_id, index)
-        if job is None:
-            raise NotFound(f"no job {job_id}_{index}")
-        return [job]
-    job = agent.db.get(job_id)
-    if job is None:
-        raise NotFound(f"no job {job_id}")
-    if job.array_id == job.id:
-        return agent.db.array_elements(job.id)
-    return [job]
-
-
 def list_jobs(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
     check_known(req.args, req.kind, ("after", "limit"))
     after = arg_int(req.args, "after", default=0, minimum=0)
@@ -352,34 +214,19 @@ def list_jobs(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
     return {"jobs": out, "more": len(jobs) > limit}
 
 
-def _index(args: Any) -> int | None:
-    if args.get("index") is None:
-        return None
-    return arg_int(args, "index", minimum=0, maximum=jobopts.MAX_INDEX)
-
-
-def _one(agent: Agent, args: Any) -> Job:
-    """The job ``job`` (and ``index``, an array element) names, itself."""
-    index = _index(args)
-    if index is None:
-        job: Job = _job(agent, args)
-        return job
-    return _targets(agent, arg_int(args, "job", minimum=1), index)[0]
-
-
 def show(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
     check_known(req.args, req.kind, ("job", "index"))
-    return agent.public(_one(agent, req.args))
+    return agent.public(one_job(agent, req.args))
 
 
 def wait(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
     """Park until the job ends; for an array's id (without ``index``) until every element
     has, answered with the first element that did not complete (else the last)."""
     check_known(req.args, req.kind, ("job", "hold", "index"))
-    index = _index(req.args)
-    jobs = _targets(agent, arg_int(req.args, "job", minimum=1), index)
+    index = index_arg(req.args)
+    jobs = targets(agent, arg_int(req.args, "job", minimum=1), index)
     for job in jobs:
-        _owner_or_root(agent, peer, job, "wait")
+        owner_or_root(agent, peer, job, "wait")
     hold = arg_number(req.args, "hold", default=30.0, maximum=MAX_HOLD)
     whole = len(jobs) > 1 or (jobs[0].array_id == jobs[0].id and index is None)
     if all(job.final for job in jobs):
@@ -397,10 +244,10 @@ def array_outcome(jobs: list[Job]) -> Job:
 def cancel(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
     """Cancel a job, an array element, or every element of an array not ended yet."""
     check_known(req.args, req.kind, ("job", "index"))
-    index = _index(req.args)
-    jobs = _targets(agent, arg_int(req.args, "job", minimum=1), index)
+    index = index_arg(req.args)
+    jobs = targets(agent, arg_int(req.args, "job", minimum=1), index)
     for job in jobs:
-        _owner_or_root(agent, peer, job, "cancel")
+        owner_or_root(agent, peer, job, "cancel")
     live = [job for job in jobs if job.state not in FINAL]
     if not live:
         what = "every element of array" if len(jobs) > 1 else "job"
@@ -418,11 +265,11 @@ def cancel(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
 
 def _hold_or_release(agent: Agent, peer: Peer, req: protocol.Request, held: bool) -> Any:
     check_known(req.args, req.kind, ("job", "index"))
-    index = _index(req.args)
-    jobs = _targets(agent, arg_int(req.args, "job", minimum=1), index)
+    index = index_arg(req.args)
+    jobs = targets(agent, arg_int(req.args, "job", minimum=1), index)
     verb = "hold" if held else "release"
     for job in jobs:
-        _owner_or_root(agent, peer, job, verb)
+        owner_or_root(agent, peer, job, verb)
     pending = [job for job in jobs if job.state == "pending"]
     if not pending:
         raise StateError(f"job {jobs[0].id if index is None else f'{jobs[0].array_id}_{index}'}"
@@ -452,8 +299,8 @@ def suspend(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
     """Freeze the job's cgroup; its row stays ``running`` and ``suspended_at`` says since when
     (written after the freeze: a failed freeze records nothing)."""
     check_known(req.args, req.kind, ("job", "index"))
-    job = _one(agent, req.args)
-    _owner_or_root(agent, peer, job, "suspend")
+    job = one_job(agent, req.args)
+    owner_or_root(agent, peer, job, "suspend")
     if job.suspended:
         raise StateError(f"job {job.id} is already suspended")
     if job.state != "running" or job.cancel_requested:
@@ -475,8 +322,8 @@ def suspend(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
 
 def resume(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
     check_known(req.args, req.kind, ("job", "index"))
-    job = _one(agent, req.args)
-    _owner_or_root(agent, peer, job, "resume")
+    job = one_job(agent, req.args)
+    owner_or_root(agent, peer, job, "resume")
     if not job.suspended:
         raise StateError(f"job {job.id} is {agent.public(job)['state']}, not suspended")
     # Recorded first: a crash after it leaves the job running in the record and frozen in the
