@@ -181,7 +181,7 @@ class Agent:
         t0 = time.monotonic()
         self.contain.start()
         try:
-            self.spawner.ensure_template()
+            self.spawner.template.ensure()
             # Serve at once: the live supervisors' allocations are back in the ledger and the
             # dead ones are resolved from disk (all synchronous), and the hello and claim of the
             # live ones are answered concurrently, in this loop, while requests are served.

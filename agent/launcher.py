@@ -21,7 +21,7 @@ from tether.agent import fallback, lifecycle, lifecycle_events, users
 from tether.agent.group_commit import wait_for_go
 from tether.agent.job import Job
 from tether.agent.ledger import Request
-from tether.agent.spawn import SpawnError
+from tether.agent.spawn_prep import SpawnError
 from tether.shared.errors import TetherError
 from tether.shared.faults import agent_fault
 

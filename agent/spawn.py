@@ -15,9 +15,11 @@ reaches it.
 - **Cold**, when the template is missing or broken (said once in the log): ``/bin/sh`` is
   started in a new session and backgrounds ``python -I -m tether.supervisor``, printing its pid.
 
-Neither waits: the run directory and its spec are made on a worker thread (``prep``: mkdir,
-open, rename and rmtree wait for the file system, which a busy disk makes milliseconds each),
-and the template's reply, the shell's output and the ready pipe are fds the agent's
+This module holds the spawns in flight, their fds and timers; the template itself is
+``template_client.py``, the shell ``spawn_cold.py``, the file system work ``spawn_prep.py``.
+
+Neither waits: the run directory and its spec are made on a worker thread (``prep``), and the
+template's reply, the shell's output and the ready pipe are fds the agent's
 poller watches (``owns``/``readable``). The supervisor writes one byte to the ready pipe once
 its socket is bound; only then does the agent connect, so its hello and claim arrive at once
 instead of at some later reconnect retry of libzmq. EOF on the pipe without that byte means
@@ -36,45 +38,30 @@ Races:
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import logging
 import os
 import shutil
-import signal
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
+from tether.agent import spawn_cold, spawn_prep
 from tether.agent.offload import Offload
-from tether.shared import records, template_wire
+from tether.agent.spawn_cold import SPAWN_TIMEOUT
+from tether.agent.spawn_prep import SpawnError
+from tether.agent.template_client import TEMPLATE_TIMEOUT, Template, peer_ident_of, read_pid
+from tether.shared import template_wire
 from tether.shared.errors import Busy
 from tether.shared.paths import Layout, RunDir
-from tether.shared.procid import ProcId
 from tether.shared.template_wire import TemplateError
 from tether.shared.timers import Timer, Timers
 
 log = logging.getLogger("tether.agent")
 
-_DETACH = '"$@" </dev/null >&2 & echo $!'
-#: How long the detaching shell may take to print the supervisor's pid.
-SPAWN_TIMEOUT = 10.0
-#: How long a live template may take to answer; then it counts as broken and is killed.
-TEMPLATE_TIMEOUT = 2.0
 #: How long a spawned supervisor may take to bind its socket before the agent connects anyway.
 READY_TIMEOUT = 10.0
-#: The least time between two starts of a template that died or hung.
-TEMPLATE_RETRY = 2.0
-#: A template just started needs a moment to import everything: cold spawns while it is alive
-#: and younger than this are expected and not reported.
-TEMPLATE_WARMUP = 5.0
-
-
-class SpawnError(Exception):
-    pass
-
 
 OnPid = Callable[[int], None]
 OnReady = Callable[[], None]
@@ -115,16 +102,7 @@ class Spawner:
         self.watch = watch
         self.unwatch = unwatch
         self.by_fd: dict[int, _Spawn] = {}
-        self.use_template = use_template
-        #: why the template cannot be used right now (None: it can), said once per outage
-        self.template_down: str | None = None
-        self.template_started = -1e9
-        self.template_ident: ProcId | None = None
-        #: when the template last answered a request (it is busy, not hung, while this moves)
-        self.template_answered = -1e9
-        #: ``agent --ksm``: the template marks its memory mergeable (part of its identity)
-        self.ksm = ksm
-        self.identity = template_wire.template_identity(ksm) if use_template else ""
+        self.template = Template(layout, use=use_template, ksm=ksm)
         #: what a supervisor inherits of the agent's environment (read once: walking
         #: os.environ decodes every variable, ~0.2 ms a spawn)
         self.env = {k: v for k, v in os.environ.items()
@@ -136,82 +114,6 @@ class Spawner:
         #: test-only fault ``hold-spawn-prep``: each preparation, its run directory made,
         #: creates ``prep.held`` in the state directory and waits for ``prep.go`` there
         self.hold_prep = hold_prep
-
-    # ---- the template ----------------------------------------------------------------------
-
-    def ensure_template(self) -> None:
-        """At agent start: keep a template running this very code, or start one (no wait)."""
-        if not self.use_template:
-            return
-        if self.ksm:
-            _check_ksmd()
-        path = self.layout.template_sock
-        try:
-            reply, ident = _call(path, {"op": "hello"}, TEMPLATE_TIMEOUT)
-        except FileNotFoundError:
-            reply, ident = None, None
-        except (OSError, TemplateError) as exc:
-            log.warning("supervisor template on %s did not answer (%s); replacing it", path, exc)
-            self.kill_template(_peer_ident(path))
-            reply, ident = None, None
-        if reply is not None and reply.get("identity") == self.identity:
-            self.template_ident = ident
-            log.info("supervisor template %s (pid %s) kept", self.identity, reply.get("pid"))
-            return
-        if reply is not None:
-            log.info("supervisor template runs %s, not the installed %s: replacing it",
-                     reply.get("identity"), self.identity)
-            with contextlib.suppress(OSError, TemplateError):
-                _call(path, {"op": "exit", "identity": self.identity}, TEMPLATE_TIMEOUT)
-        self.start_template()
-
-    def start_template(self) -> None:
-        self.template_started = time.monotonic()
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.layout.template_sock)  # never talk to a predecessor's leftover
-        try:
-            pid = _detach([sys.executable, "-I", "-m", "tether.supervisor.template",
-                           "--socket", self.layout.template_sock,
-                           *(["--ksm"] if self.ksm else [])], self.layout, ())
-        except (OSError, SpawnError) as exc:
-            self.template_failed(f"cannot start it: {exc}")
-            return
-        self.template_ident = ProcId.of(pid)
-        log.info("supervisor template starting (pid %d)", pid)
-
-    def template_failed(self, why: str) -> None:
-        if self.template_down is None:
-            log.warning("supervisor template unavailable (%s): starting supervisors cold until "
-                        "it is back", why)
-        self.template_down = why
-
-    def kill_template(self, ident: ProcId | None) -> None:
-        if ident is not None and ident.alive():
-            with contextlib.suppress(OSError):
-                os.kill(ident.pid, signal.SIGKILL)
-
-    def _template_conn(self) -> socket.socket | None:
-        """A connection to the template, or None (and why, once) to go cold."""
-        if not self.use_template:
-            return None
-        now = time.monotonic()
-        if self.template_down is not None and now - self.template_started > TEMPLATE_RETRY:
-            self.start_template()
-        conn = socket.socket(socket.AF_UNIX,
-                             socket.SOCK_SEQPACKET | socket.SOCK_NONBLOCK | socket.SOCK_CLOEXEC)
-        try:
-            conn.connect(self.layout.template_sock)
-        except OSError as exc:
-            conn.close()
-            starting = (self.template_ident is not None and self.template_ident.alive()
-                        and now - self.template_started < TEMPLATE_WARMUP)
-            if not starting:  # (a template still importing is expected, not news)
-                self.template_failed(exc.strerror or str(exc))
-            return None
-        if self.template_down is not None:
-            log.info("supervisor template is back: supervisors start warm again")
-            self.template_down = None
-        return conn
 
     # ---- spawning --------------------------------------------------------------------------
 
@@ -235,9 +137,9 @@ class Spawner:
         hold = self.hold_prep
 
         def prepare() -> None:  # on the worker thread
-            _prepare(layout, rd, spec())
+            spawn_prep.prepare(layout, rd, spec())
             if hold:
-                _hold(layout.state_dir)
+                spawn_prep.hold(layout.state_dir)
 
         def prepared(_: Any, exc: BaseException | None) -> None:  # on the loop
             if exc is None and not wanted():
@@ -263,10 +165,10 @@ class Spawner:
 
     def _start(self, sp: _Spawn) -> None:
         """Lock, ready pipe, then the template or else the shell."""
-        sp.lock_fd = _lock(sp.rd)
+        sp.lock_fd = spawn_prep.lock(sp.rd)
         sp.ready_r, ready_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         try:
-            conn = self._template_conn()
+            conn = self.template.connect()
             if conn is not None and self._send(sp, conn, ready_w):
                 return
             self._cold(sp, ready_w)
@@ -274,13 +176,13 @@ class Spawner:
             os.close(ready_w)
 
     def _send(self, sp: _Spawn, conn: socket.socket, ready_w: int) -> bool:
-        log_fd = _open_log(self.layout)
+        log_fd = spawn_prep.open_log(self.layout)
         try:
             socket.send_fds(conn, [template_wire.spawn_request(sp.rd.path, sp.env, sp.umask)],
                             [sp.lock_fd, log_fd, ready_w])
         except (OSError, TemplateError) as exc:
             conn.close()
-            self.template_failed(f"sending to it failed: {exc}")
+            self.template.failed(f"sending to it failed: {exc}")
             return False
         finally:
             os.close(log_fd)
@@ -290,24 +192,11 @@ class Spawner:
         return True
 
     def _cold(self, sp: _Spawn, ready_w: int) -> None:
-        argv = [sys.executable, "-I", "-m", "tether.supervisor", "--run-dir", sp.rd.path,
-                "--lock-fd", str(sp.lock_fd), "--ready-fd", str(ready_w)]
-        log_fd = _open_log(self.layout)
-        try:
-            sp.proc = subprocess.Popen(
-                ["/bin/sh", "-c", _DETACH, "tether-spawn", *argv],
-                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log_fd,
-                pass_fds=(sp.lock_fd, ready_w), start_new_session=True, cwd="/", env=sp.env,
-            )
-        except OSError as exc:
-            raise SpawnError(f"cannot start the supervisor for {sp.rd.path}: {exc}") from None
-        finally:
-            os.close(log_fd)
+        sp.proc = spawn_cold.start_supervisor(self.layout, sp.rd, sp.lock_fd, ready_w, sp.env)
         # the shell and the supervisor have their own copies of the lock now
         os.close(sp.lock_fd)
         sp.lock_fd = -1
         assert sp.proc.stdout is not None
-        os.set_blocking(sp.proc.stdout.fileno(), False)
         self._arm(sp, sp.proc.stdout.fileno(), SPAWN_TIMEOUT, lambda: self._shell_hung(sp))
         self._arm(sp, sp.ready_r, READY_TIMEOUT, lambda: self._settle(sp, ready=True))
 
@@ -349,38 +238,36 @@ class Spawner:
         except OSError:
             data = b""  # reset by a dying template: decoded below as "closed"
         self._drop_conn(sp)
-        self.template_answered = time.monotonic()
+        self.template.answered = time.monotonic()
         try:
-            reply = template_wire.decode(data)
-            if not reply.get("ok") or not isinstance(reply.get("pid"), int):
-                raise TemplateError(str(reply.get("error", "no pid in the reply")))
+            pid = read_pid(data)
         except TemplateError as exc:
             self._template_broke(sp, str(exc))
             return
         self._release_lock(sp)
-        sp.on_pid(reply["pid"])
+        sp.on_pid(pid)
 
     def _template_hung(self, sp: _Spawn) -> None:
         if sp.conn is None:
             return
-        quiet = time.monotonic() - self.template_answered
+        quiet = time.monotonic() - self.template.answered
         if quiet < TEMPLATE_TIMEOUT:  # busy with the requests queued before this one
             assert sp.conn is not None
             sp.timers.append(self.timers.at(time.monotonic() + TEMPLATE_TIMEOUT - quiet,
                                             lambda: self._template_hung(sp)))
             return
-        ident = _peer_ident_of(sp.conn)
+        ident = peer_ident_of(sp.conn)
         self._drop_conn(sp)
-        self.kill_template(ident)
-        self.template_started = -1e9  # start a new one at the next spawn
+        self.template.kill(ident)
+        self.template.started = -1e9  # start a new one at the next spawn
         self._template_broke(sp, f"no answer within {TEMPLATE_TIMEOUT:g}s; killed it")
 
     def _template_broke(self, sp: _Spawn, why: str) -> None:
         """The template failed this request: did it fork the supervisor anyway?"""
         self._release_lock(sp)
-        self.template_failed(why)
+        self.template.failed(why)
         try:
-            sp.lock_fd = _lock(sp.rd)
+            sp.lock_fd = spawn_prep.lock(sp.rd)
         except BlockingIOError:
             return  # a supervisor holds the lock: it started; the ready pipe tells the rest
         except OSError as exc:
@@ -413,11 +300,7 @@ class Spawner:
             return
         self._unwatch(sp.proc.stdout.fileno())
         sp.proc.stdout.close()
-        try:
-            sp.proc.wait(timeout=1.0)  # it printed and closed stdout: it is exiting
-        except subprocess.TimeoutExpired:
-            sp.proc.kill()
-            sp.proc.wait()
+        spawn_cold.reap(sp.proc)
         sp.proc = None
         if sp.ready_r < 0:
             self._close(sp)
@@ -503,116 +386,3 @@ class Spawner:
         self.by_fd.clear()
         self.unwatch(self.prep.fileno())
         self.prep.close()
-
-
-# ---- helpers ----------------------------------------------------------------------------------
-
-
-KSM_RUN = "/sys/kernel/mm/ksm/run"
-
-
-def _check_ksmd() -> None:
-    """``--ksm`` marks pages mergeable; only ksmd merges them, and only the operator starts it
-    (a host-wide choice: docs/operations.md). Said once per agent start, never refused."""
-    try:
-        with open(KSM_RUN) as f:
-            run = f.read().strip()
-    except OSError:
-        log.warning("--ksm has no effect: this kernel has no same-page merging (%s)", KSM_RUN)
-        return
-    if run != "1":
-        log.warning("--ksm has no effect until ksmd runs: echo 1 > %s (it is %s)", KSM_RUN, run)
-
-
-def _prepare(layout: Layout, rd: RunDir, spec: dict[str, Any]) -> None:
-    """Create the run directory and write the spec before anything starts."""
-    os.makedirs(layout.run_root, mode=0o755, exist_ok=True)
-    if os.path.lexists(rd.path):  # left by a crash before this attempt's spawn
-        shutil.rmtree(rd.path)
-    os.mkdir(rd.path, 0o711)
-    os.mkdir(rd.ctl, 0o700)  # the supervisor's ZeroMQ socket: this uid's only
-    fd = os.open(rd.lock, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                 0o600)
-    os.close(fd)
-    # Not fsync'd (two fsyncs off every launch): its only reader is the supervisor, which a
-    # power cut ends too; the run directory and lock are what a restarted agent looks at.
-    records.atomic_write_json(rd.spec, spec, durable=False)
-
-
-def _hold(state_dir: str) -> None:
-    """The ``hold-spawn-prep`` fault: say so, then wait for the test's go (worker thread)."""
-    with open(os.path.join(state_dir, "prep.held"), "w"):
-        pass
-    while not os.path.exists(os.path.join(state_dir, "prep.go")):
-        time.sleep(0.02)
-
-
-def _lock(rd: RunDir) -> int:
-    """The run directory's lock, taken (``BlockingIOError`` if someone holds it)."""
-    fd = os.open(rd.lock, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
-def _open_log(layout: Layout) -> int:
-    return os.open(layout.supervisor_log,
-                   os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-
-
-def _detach(argv: list[str], layout: Layout, pass_fds: tuple[int, ...]) -> int:
-    """Start ``argv`` detached (new session, re-parented away); wait for the shell's pid."""
-    log_fd = _open_log(layout)
-    try:
-        proc = subprocess.Popen(
-            ["/bin/sh", "-c", _DETACH, "tether-spawn", *argv],
-            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log_fd,
-            pass_fds=pass_fds, start_new_session=True, cwd="/",
-            env={k: v for k, v in os.environ.items()
-                 if k.startswith(("PYTHON", "LANG", "LC_", "TETHER_", "PATH"))},
-        )
-    finally:
-        os.close(log_fd)
-    try:
-        out, _ = proc.communicate(timeout=SPAWN_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-        raise SpawnError(f"the detaching shell did not finish within {SPAWN_TIMEOUT:g}s") \
-            from None
-    try:
-        return int(out.strip())
-    except ValueError:
-        raise SpawnError("the detaching shell printed no pid") from None
-
-
-def _call(path: str, req: dict[str, Any], timeout: float) -> tuple[dict[str, Any], ProcId | None]:
-    """One blocking request to the template (agent start-up only)."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC) as s:
-        s.settimeout(timeout)
-        s.connect(path)
-        ident = _peer_ident_of(s)
-        s.send(template_wire.encode(req))
-        return template_wire.decode(s.recv(template_wire.MAX_MESSAGE)), ident
-
-
-def _peer_ident_of(conn: socket.socket) -> ProcId | None:
-    """The identity of the process that bound the socket ``conn`` is connected to."""
-    try:
-        creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
-    except OSError:
-        return None
-    return ProcId.of(int.from_bytes(creds[0:4], sys.byteorder))
-
-
-def _peer_ident(path: str) -> ProcId | None:
-    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC) as s:
-        s.settimeout(0.5)
-        try:
-            s.connect(path)
-        except OSError:
-            return None
-        return _peer_ident_of(s)

@@ -11,7 +11,7 @@ import pytest
 from tether.supervisor.__main__ import _argparse, parse_args
 
 WRITTEN = [
-    # agent/spawn.py (cold), the template's old argv (warm), supervisor/handover.py (re-exec)
+    # agent/spawn_cold.py (cold), the template's old argv (warm), supervisor/handover.py (re-exec)
     ["--run-dir", "/var/lib/tether/run/7.1", "--lock-fd", "5", "--ready-fd", "9"],
     ["--run-dir", "/s/run/7.1", "--lock-fd", "5", "--ready-fd", "9", "--warm"],
     ["--run-dir", "/s/run/7.1", "--lock-fd", "5", "--resume-fd", "12"],
