@@ -51,7 +51,8 @@ from tether.agent.scheduler import Scheduler
 from tether.agent.spawn import Spawner
 from tether.agent.syncer import Syncer
 from tether.shared import protocol
-from tether.shared.door import Conn, Door, answer
+from tether.shared.door import Door, answer
+from tether.shared.door_conn import Conn
 from tether.shared.faults import agent_fault
 from tether.shared.parking import Lot
 from tether.shared.paths import Layout

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from tether.agent import users
 from tether.agent.job import Job
 from tether.shared import jobopts, outpattern
-from tether.shared.door import Conn
+from tether.shared.door_conn import Conn
 from tether.shared.errors import BadRequest, NotFound, PermissionDenied
 from tether.shared.protocol import arg_int, arg_number, arg_str
 

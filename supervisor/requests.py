@@ -13,7 +13,8 @@ import logging
 from typing import TYPE_CHECKING, cast
 
 from tether.shared import protocol, wire
-from tether.shared.door import Conn, answer
+from tether.shared.door import answer
+from tether.shared.door_conn import Conn
 from tether.shared.errors import TetherError
 from tether.supervisor import handlers
 from tether.supervisor.state import PENDING, Peer, ScanReply, SupervisorState

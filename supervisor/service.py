@@ -39,7 +39,7 @@ import zmq
 
 import tether
 from tether.shared import faults
-from tether.shared.door import listen_socket
+from tether.shared.door_listener import listen_socket
 from tether.supervisor import handover
 from tether.supervisor.claims import Claims
 from tether.supervisor.follow import Followers

@@ -24,7 +24,8 @@ import zmq
 
 from tether.shared import faults, protocol
 from tether.shared.cgroup import StepCgroup
-from tether.shared.door import Conn, Door
+from tether.shared.door import Door
+from tether.shared.door_conn import Conn
 from tether.shared.parking import Lot, Parked
 from tether.shared.paths import RunDir
 from tether.shared.procid import ProcId

@@ -426,7 +426,7 @@ def test_a_users_request_rate_is_capped_and_nothing_is_dropped(node: Node,
     """6,000 pipelined `status` requests of one user at the agent's door: every one answered,
     but never faster than the uid's token bucket allows (a burst of 2,000, then 1,000 a
     second), while root, who is not rate-limited, is answered meanwhile."""
-    from tether.shared.door import Limits
+    from tether.shared.door_caps import Limits
     lim = Limits()
     _, bob = two
     shared(node)
