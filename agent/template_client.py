@@ -48,7 +48,8 @@ class Template:
         self.ident: ProcId | None = None
         #: when the template last answered a request (it is busy, not hung, while this moves)
         self.answered = -1e9
-        #: ``agent --ksm``: the template marks its memory mergeable (part of its identity)
+        #: ``agent --ksm``: its supervisors mark the pages they hold alone mergeable (part of
+        #: the template's identity: supervisor/ksm.py)
         self.ksm = ksm
         self.identity = template_wire.template_identity(ksm) if use else ""
 
