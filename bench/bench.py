@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import glob
 import json
 import os
 import platform
@@ -471,6 +472,7 @@ def bench_steps(root: str, steps: int, idle: float, restarts: int,
         "are submitted and start")
     status_ms: list[float] = []
     stop = threading.Event()
+    kernel_before, ksmd_before = _kernel_mem(), ksmd_cpu_s()
 
     def poll_status() -> None:
         with Client(agent.sock, timeout=30) as c:
@@ -512,6 +514,12 @@ def bench_steps(root: str, steps: int, idle: float, restarts: int,
         "mem_total_mib": round(total_kb / 1024, 1),
         "steps_that_fit": int(total_kb / med["Pss"]),
         "ksm": ksm_counters() if ksm else None,
+        # kernel memory that PSS leaves out (page tables, threads' kernel stacks, the slab
+        # caches: mappings, tasks, sockets, cgroups, ksmd's records): what it grew by while
+        # the steps started and idled, per step (other processes' moves are in it too)
+        "kernel_per_step_kib": {k: round((v - kernel_before[k]) / steps, 1)
+                                for k, v in _kernel_mem().items()},
+        "ksmd_cpu_s": round(ksmd_cpu_s() - ksmd_before, 2) if ksm else None,
     }
     rounds = []
     for i in range(restarts):
@@ -546,6 +554,25 @@ def _title(pid: int) -> str:
             return f.read().split(b"\0")[0].decode(errors="replace")
     except OSError:
         return ""
+
+
+def ksmd_cpu_s() -> float:
+    """CPU time ksmd (a kernel thread) has used, 0 where there is none."""
+    for comm in glob.glob("/proc/[0-9]*/comm"):
+        try:
+            with open(comm) as f:
+                if f.read().strip() != "ksmd":
+                    continue
+            with open(comm[:-4] + "stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        except OSError:
+            continue
+    return 0.0
+
+
+def _kernel_mem() -> dict[str, int]:
+    return {k: _meminfo(k) for k in ("PageTables", "KernelStack", "Slab")}
 
 
 def _meminfo(key: str) -> int:

@@ -165,8 +165,11 @@ def report(r: dict[str, Any]) -> str:
                 f"{m['VmRSS']} kB, {m['Threads']} threads, {m['fds']} fds; sum of Pss "
                 f"{st['supervisors_pss_sum_mib']} MiB",
                 f"  template {st['template']}, agent {st['agent']}"]
+        out.append(f"  kernel memory (outside PSS) grew by, per step, in KiB: "
+                   f"{st.get('kernel_per_step_kib')}")
         if st.get("ksm") is not None:
-            out.append(f"  --ksm: ksmd counters at the weighing {st['ksm']}")
+            out.append(f"  --ksm: ksmd counters at the weighing {st['ksm']}, ksmd CPU "
+                       f"{st.get('ksmd_cpu_s')} s")
         for i, rd in enumerate(st.get("restarts", []), 1):
             out.append(f"  restart {i}: {rd}")
         out.append(f"  same supervisors after the restarts: "
