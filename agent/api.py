@@ -7,7 +7,8 @@ in request_args.py).
 Who may do what (the caller is the kernel's uid of the connection, never anything it sent):
 any user ``hello``, ``status``, ``list``, ``show`` (every job's public fields, as ``squeue``
 shows them) and ``submit`` (the job runs as the caller; only root may name another ``user``);
-the job's owner, root and the agent's uid ``wait`` and ``cancel``.
+the job's owner, root and the agent's uid ``wait``, ``cancel``, ``hold``, ``release``,
+``suspend`` and ``resume``.
 """
 
 from __future__ import annotations

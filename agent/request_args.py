@@ -3,7 +3,7 @@ anything: which jobs a request names and whether the caller may act on them, and
 submission who it runs as, its file names, its scheduling facts and its array.
 
 Apart from the handlers so that api.py reads as what each request does; nothing here changes
-any state (it reads the database, the user database and, for ``output_paths``, the disk).
+any state (it reads the database and the user database).
 """
 
 from __future__ import annotations
@@ -109,18 +109,6 @@ def expand_paths(job_id: int, name: str, output: str, error: str, user: str, nod
               "A": str(job_id if array_id is None else array_id),
               "a": str(array_index or 0)}
     return outpattern.for_job(output, values), outpattern.for_job(error, values)
-
-
-def output_paths(job: Job, output: str, error: str, user: str, node: str) -> tuple[str, str]:
-    """``expand_paths`` for a recorded job; each name's directory must exist (checked by this
-    process: a submission checks them as its user instead, ``users.check_access``)."""
-    out, err = expand_paths(job.id, job.name, output, error, user, node,
-                            getattr(job, "array_id", None),  # arrays: the scheduler's columns
-                            getattr(job, "array_index", None))
-    for label, path in (("output", out), ("error", err)):
-        if not os.path.isdir(os.path.dirname(outpattern.for_task(path, 0))):
-            raise BadRequest(f"{label} file {path}: its directory does not exist")
-    return out, err
 
 
 def task_paths(out: str, err: str, ntasks: int) -> set[str]:

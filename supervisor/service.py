@@ -202,9 +202,11 @@ class Supervisor(Requests, Claims, Terminating, Reaping, PmiLoop, Recording, Fol
         if signal.SIGCHLD in got or self.step.phase in (Phase.RUNNING, Phase.DRAINING):
             self.reap()
         for sig in got & set(IGNORED_SIGNALS):
-            log.warning("received %s: ignored", signal_name(sig))
+            # (the fault first: a supervisor that says "ignored" and then dies misleads
+            # whoever reads the log, tests/test_template.py among them)
             if sig == signal.SIGUSR2 and faults.supervisor_fault("error-on-usr2"):
                 raise RuntimeError("test fault: an error nothing in the loop expects")
+            log.warning("received %s: ignored", signal_name(sig))
         for sig in got & set(TERMINATING):
             log.warning("received %s: terminating the step", signal_name(sig))
             self.terminate(grace=float(self.spec.get("kill_grace", 10)), cancel=False,

@@ -328,7 +328,8 @@ def test_attack13_control_characters_are_escaped_in_what_the_cli_prints(
     node.wait_end(job)
 
 
-def test_only_the_owner_or_root_holds_and_releases(node: Node, two: list[User]) -> None:
+def test_only_the_owner_or_root_holds_releases_suspends_and_resumes(node: Node,
+                                                                   two: list[User]) -> None:
     alice, bob = two
     shared(node)
     work = home_for(node, alice)
@@ -344,3 +345,12 @@ def test_only_the_owner_or_root_holds_and_releases(node: Node, two: list[User]) 
     again = int(ok_as(alice, node, "submit", "--hold", "--", "true", cwd=work))
     node.ok("release", str(again))  # root may
     assert node.wait_end(again)["state"] == "completed"
+    # nor suspends and resumes another's running job (refused before anything is frozen)
+    running = int(ok_as(alice, node, "submit", "--", "sleep", "60", cwd=work))
+    node.wait_state(running, ("running",))
+    for verb in ("suspend", "resume"):
+        res = cli_as(bob, node, verb, str(running))
+        assert res.returncode == 1 and "permission denied" in res.stderr, (verb, res.stderr)
+    assert node.job(running)["state"] == "running"  # (a suspended job shows "suspended")
+    ok_as(alice, node, "cancel", str(running))
+    assert node.wait_end(running)["state"] == "cancelled"
