@@ -35,7 +35,7 @@ from tether.supervisor.service import Supervisor
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    """The command line of a cold start or a re-exec (the agent's spawn.py, handover.py). A
+    """The command line of a cold start or a re-exec (the agent's spawn_cold.py, handover.py). A
     supervisor forked from the template has none: it enters at ``start``."""
     return _argparse(argv)
 
