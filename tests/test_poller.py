@@ -157,3 +157,51 @@ def test_an_fd_closed_after_the_poll_is_stale_until_the_next_one() -> None:
         poller.close()
         os.close(r)
         os.close(w)
+
+
+def test_a_bounded_turn_leaves_the_rest_for_the_next_poll_and_loses_nothing() -> None:
+    """``limit``: the urgent items and at most ``limit`` others a turn. A ZeroMQ socket left
+    for later had its fd's signal spent by the look that found its reply: it must come back at
+    the next poll all the same (a restart with 1,000 supervisors answering at once)."""
+    ctx: zmq.Context[Any] = zmq.Context()
+    poller = Poller()
+    r, w = os.pipe()  # stands for the door: always first
+    socks: list[zmq.Socket[Any]] = []
+    try:
+        with tempfile.TemporaryDirectory(dir="/tmp") as d:
+            for i in range(10):
+                router = ctx.socket(zmq.ROUTER)
+                router.bind(f"ipc://{d}/s{i}")
+                dealer = ctx.socket(zmq.DEALER)
+                dealer.connect(f"ipc://{d}/s{i}")
+                socks += [router, dealer]
+                poller.register(dealer, zmq.POLLIN)
+            assert poller.poll(0) == []  # registered: asked once, nothing yet
+            dealers = socks[1::2]
+            for router, dealer in zip(socks[0::2], dealers, strict=True):
+                _reply_consumed(dealer, router)  # its signal taken by someone's look
+                poller.touched(dealer)  # as the agent's link after its send
+            os.write(w, b"x")
+            poller.register(r, zmq.POLLIN)
+            seen: list[Any] = []
+            for turn in range(4):
+                got = [item for item, _ in poller.poll(5000, 3, urgent=lambda i: i == r)]
+                assert len(got) == (4 if turn < 3 else 2), (turn, got)
+                assert r in got, "the urgent fd was held back"
+                for item in got:
+                    if item is not r:
+                        assert item.recv(zmq.NOBLOCK) == b"reply"
+                        seen.append(item)
+                if turn == 2:
+                    os.read(r, 1)
+                    os.write(w, b"y")  # still ready: urgent again in the last turn
+            assert sorted(map(id, seen)) == sorted(map(id, dealers)), "a reply was lost"
+            os.read(r, 1)
+            assert poller.poll(0) == []
+    finally:
+        poller.close()
+        os.close(r)
+        os.close(w)
+        for s in socks:
+            s.close(linger=0)
+        ctx.term()
