@@ -525,13 +525,24 @@ def bench_steps(root: str, steps: int, idle: float, restarts: int,
     for i in range(restarts):
         agent.kill()
         t = agent.start()
-        dt = agent.wait_serving(t)
+        dt = agent.wait_serving(t, interval=0.002)
+        # status while the supervisors answer the new agent: how long one waits at worst
+        during: list[float] = []
+        with Client(agent.sock, timeout=30) as c:
+            until = time.perf_counter() + 2.0
+            while time.perf_counter() < until:
+                t1 = time.perf_counter()
+                c.call("status")
+                during.append((time.perf_counter() - t1) * 1000)
+                time.sleep(0.002)
         text = agent.log_text()
         m = re.search(r"agent serving on \S+ after (\d+) ms", text)
         r = REATTACH_RE.search(text)
         still = sum(1 for p in sups.values() if alive(p))
         rounds.append({"popen_to_status_ms": round(dt * 1000, 1),
                        "agent_log_serving_ms": int(m.group(1)) if m else None,
+                       "status_next_2s_ms": {"median": round(statistics.median(during), 2),
+                                             "max": round(max(during), 1)},
                        "reattach": r.group(0) if r else None, "supervisors_alive": still})
         log(f"steps: restart {i + 1}: status after {dt * 1000:.0f} ms, agent log "
             f"{rounds[-1]['agent_log_serving_ms']} ms, {still}/{steps} supervisors alive")
