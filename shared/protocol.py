@@ -12,8 +12,6 @@ connection. ``docs/protocol.md`` is the reference; keep it in step with this mod
 
 from __future__ import annotations
 
-import msgpack
-
 from tether.shared.errors import BadRequest, RemoteError, TetherError, UnknownKind, VersionMismatch
 from tether.shared.frozen import Frozen
 
@@ -87,6 +85,20 @@ UNPACK_LIMITS: dict[str, int] = {
 }
 
 
+#: What packs and unpacks frames: msgpack itself, imported at first use; the command line
+#: sets shared/minipack.py instead (cli/connect.py), which costs it no import time.
+codec: Any = None
+
+
+def load_codec() -> Any:
+    global codec
+    if codec is None:
+        import msgpack
+
+        codec = msgpack
+    return codec
+
+
 class Request(Frozen):
     __slots__ = ("id", "kind", "args", "v")
     id: RequestId
@@ -130,7 +142,7 @@ def _unpack(data: bytes) -> Any:
     if len(data) > MAX_FRAME:
         raise DecodeError(f"frame of {len(data)} bytes exceeds the {MAX_FRAME}-byte limit")
     try:
-        return msgpack.unpackb(data, raw=False, strict_map_key=True, **UNPACK_LIMITS)
+        return load_codec().unpackb(data, raw=False, strict_map_key=True, **UNPACK_LIMITS)
     except Exception as exc:  # msgpack raises a zoo of types (ValueError, FormatError, ...)
         raise DecodeError(f"frame is not valid msgpack: {type(exc).__name__}") from None
 
@@ -142,7 +154,7 @@ def _valid_id(value: Any) -> bool:
 
 
 def encode_request(req: Request) -> bytes:
-    data: bytes = msgpack.packb({"v": req.v, "id": req.id, "kind": req.kind,
+    data: bytes = load_codec().packb({"v": req.v, "id": req.id, "kind": req.kind,
                                  "args": dict(req.args)})
     return data
 
@@ -179,7 +191,7 @@ def decode_request(data: bytes) -> Request:
 def peek_id(data: bytes) -> RequestId | None:
     """Best-effort id of an invalid frame, so its error reply can still be matched."""
     try:
-        obj = msgpack.unpackb(data, raw=False, strict_map_key=False, **UNPACK_LIMITS)
+        obj = load_codec().unpackb(data, raw=False, strict_map_key=False, **UNPACK_LIMITS)
     except Exception:  # any undecodable frame simply has no id
         return None
     if isinstance(obj, dict) and _valid_id(obj.get("id")):
@@ -203,7 +215,7 @@ def encode_reply(reply: Reply, v: int = PROTOCOL_VERSION) -> bytes:
         body["result"] = reply.result
     else:
         body["error"] = {"code": reply.code, "message": reply.message}
-    data: bytes = msgpack.packb(body)
+    data: bytes = load_codec().packb(body)
     return data
 
 

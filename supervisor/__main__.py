@@ -29,7 +29,7 @@ import tether.supervisor.launch
 import tether.supervisor.pmi
 import tether.supervisor.pmi_io
 import tether.supervisor.step  # noqa: F401  (eager import, see above)
-from tether.shared import records
+from tether.shared import protocol, records
 from tether.shared.paths import PathTooLong, RunDir, check_ipc_path
 from tether.supervisor.service import Supervisor
 
@@ -143,6 +143,7 @@ def start(run_dir: str, lock_fd: int, *, ready_fd: int = -1, resume_fd: int | No
     setproctitle.setproctitle(
         f"tether-supervisor job={rd.job} attempt={rd.attempt} dir={rd.path}")
     prctl.set_child_subreaper(1)
+    protocol.load_codec()  # msgpack now: protocol.py imports it at first use
     if os.environ.get("TETHER_AUDIT_IMPORTS"):  # listed in shared/faults.py
         # Tests prove the claim above: any module loaded from here on is reported.
         def audit(event: str, details: tuple[object, ...]) -> None:
