@@ -572,11 +572,8 @@ def ksmd_cpu_s() -> float:
     for comm in glob.glob("/proc/[0-9]*/comm"):
         try:
             with open(comm) as f:
-                if f.read().strip() != "ksmd":
-                    continue
-            with open(comm[:-4] + "stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+                if f.read().strip() == "ksmd":
+                    return cpu_seconds(int(comm.split("/")[2]))
         except OSError:
             continue
     return 0.0

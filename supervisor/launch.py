@@ -185,8 +185,9 @@ class Launcher:
 def _pinned(rank: int, cpus: list[int]) -> Iterator[None]:
     """This process on the task's CPUs while it forks the task (the child inherits them before
     it execs: no window in which the task runs elsewhere), and back on its own at once: the
-    task starts on one of those CPUs, and a supervisor still pinned there waits for the task's
-    time slice to end before it can start the next rank (~2 ms per rank, seen with MPICH)."""
+    task starts on one of those CPUs, and a supervisor still pinned there may wait for the
+    task's time slice before it can start the next rank (seen once under perf with MPICH; the
+    MPI benchmark's A/B did not move, bench/README.md)."""
     if not cpus:
         yield
         return
