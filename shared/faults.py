@@ -55,6 +55,10 @@ FAULTS = (
     Fault(AGENT, "no-template", "the agent",
           "no supervisor template: every supervisor starts cold (tests and benchmarks compare "
           "the two)"),
+    Fault(AGENT, "template-forks-twice", "the supervisor template (it inherits the agent's "
+          "environment)",
+          "the template forks each supervisor twice, as where the kernel refuses "
+          "`clone(CLONE_PARENT)`: a middle child starts the session and exits"),
     Fault(SUPERVISOR, "die-after-launch", "each supervisor",
           "after starting its tasks, the supervisor SIGKILLs itself before writing the "
           "`running` manifest (row 13b)"),

@@ -10,9 +10,10 @@ leader its chain passes through; the rest are *adopted*, of no task.
 Where to look (``step_snapshot``). Where the kernel has ``/proc/PID/task/TID/children`` the
 step's processes are found from the supervisor down through those files, whatever else runs on
 the machine; elsewhere (and with the ``proc-scan`` test fault) by reading every process in
-/proc. Both find the same processes: the session was made by a process that exited right after
-forking the supervisor (the template's intermediate child, or the detaching shell), so every
-other member descends from the supervisor (orphans come back to it), its ancestors excepted.
+/proc. Both find the same processes: the session is the supervisor's own (forked from the
+template, it leads it) or was made by a process that exited right after forking the supervisor
+(the detaching shell of a cold start), so every other member descends from the supervisor
+(orphans come back to it), its ancestors excepted.
 
 CPU and memory. For a live task: the sum over its live processes of their own user and system
 time plus their reaped children's (``cutime``/``cstime``: every process that was waited for is

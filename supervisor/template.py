@@ -7,11 +7,29 @@ GC generation (``gc.freeze``: the collector then never writes to those pages, so
 children keep sharing them), and waits on
 a ``SOCK_SEQPACKET`` socket only its own uid can use (0600 file, ``SO_PEERCRED`` checked). For
 each spawn request (the run directory, the supervisor's environment and umask; the run-dir lock,
-``supervisors.log`` and the ready pipe as SCM_RIGHTS fds) it forks twice, exactly as the cold
-path's detaching shell does: the first child starts a new session and forks the supervisor,
-which is thus re-parented away (to init or the nearest subreaper), in a session of its own and
-not its leader. The first child reports the supervisor's pid through a pipe and exits; the
-template reaps it and replies with the pid.
+``supervisors.log`` and the ready pipe as SCM_RIGHTS fds) it forks the supervisor as its
+*sibling*: ``clone(CLONE_PARENT)`` makes the child's parent this process's parent (init or the
+nearest subreaper: the template itself was started detached), exactly the parent a double fork
+would leave it with once the middle child exited, and the child starts a session of its own
+(``setsid``: it leads it, as systemd's services and containerd's shims lead theirs; it opens no
+terminal). The template replies with the child's pid and never waits for it: not its child.
+Why not the double fork the cold path's shell does: the middle child cost a job ~3.7 ms of CPU
+(a second copy of the page tables, their teardown at its exit, and the copy-on-write faults of
+its Python at-fork work; bench/README.md), a quarter of the template's share of a job. Where
+the kernel refuses ``CLONE_PARENT`` (this process is a namespace's init) or the architecture's
+clone number is unknown here, the template forks twice instead, as it did before.
+
+``clone`` is called through ``syscall`` with the interpreter's own fork protocol around it
+(``PyOS_BeforeFork``, ``PyOS_AfterFork_Child``/``_Parent``: what ``os.fork`` does around
+``fork``), with the GIL held as ``os.fork`` holds it. What libc's ``fork`` adds, and why a
+single-threaded process without it is sound: its ``pthread_atfork`` handlers (none: of the
+shared objects this process maps, none imports ``pthread_atfork`` or ``__register_atfork``,
+libcrypto and libzmq included, by ``nm -D``), its malloc and stdio locks (taken only
+when other threads exist: there are none), the robust-mutex list (none used) and the cached
+thread id in the child's thread descriptor (left at the template's; glibc reads it only for
+another thread's signals and for robust or priority-inheriting mutexes: ``raise`` and
+``pthread_kill`` of oneself ask the kernel for the id since glibc 2.34, because a ``vfork``
+child has the same stale id).
 
 What a supervisor must not inherit from here, and how it is prevented (``become_supervisor``):
 - fds: every fd but stdin (/dev/null), stdout and stderr (the log), the lock and the ready pipe
@@ -54,11 +72,13 @@ import argparse
 import contextlib
 import ctypes
 import ctypes.util
+import errno
 import gc
 import logging
 import os
 import random
 import select
+import signal
 import socket
 import sys
 
@@ -66,7 +86,7 @@ import setproctitle
 
 import tether.supervisor.__main__ as entry
 import tether.supervisor.pmi_io  # noqa: F401  (everything a supervisor may load, loaded now)
-from tether.shared import template_wire
+from tether.shared import faults, template_wire
 from tether.shared.template_wire import TemplateError
 from tether.supervisor import hotcode, hotcode_list, ksm
 from tether.supervisor.service import reset_signal_dispositions
@@ -84,6 +104,22 @@ _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True
 _libc.srand.argtypes = [ctypes.c_uint]
 _libc.srand.restype = None
 
+#: libc's ``syscall`` called with the GIL held (a ``PyDLL``), as ``os.fork`` calls ``fork``
+_syscall = ctypes.PyDLL(None, use_errno=True).syscall
+_syscall.restype = ctypes.c_long
+_syscall.argtypes = [ctypes.c_long, ctypes.c_ulong, ctypes.c_void_p, ctypes.c_void_p,
+                     ctypes.c_void_p, ctypes.c_ulong]
+#: clone's number; its first two arguments (flags, stack) are the same on both
+_SYS_CLONE = {"x86_64": 56, "aarch64": 220}.get(os.uname().machine)
+_CLONE_PARENT = 0x00008000
+_pyapi = ctypes.pythonapi
+for _name in ("PyOS_BeforeFork", "PyOS_AfterFork_Parent", "PyOS_AfterFork_Child"):
+    getattr(_pyapi, _name).argtypes = []
+    getattr(_pyapi, _name).restype = None
+
+#: fork each supervisor twice (where ``clone_sibling`` is refused; and a test fault)
+FORK_TWICE = False
+
 #: this process's environment when it began to serve: what a supervisor's differs by is all it
 #: changes of ``os.environ`` (rebuilding the whole mapping touches every entry)
 _environ: dict[str, str] = {}
@@ -95,6 +131,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ksm", action="store_true",
                    help="its supervisors mark their own copies mergeable (agent --ksm)")
     args = p.parse_args(argv)
+    global FORK_TWICE
+    FORK_TWICE = faults.agent_fault(faults.agent_faults(), "template-forks-twice")
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter(
         f"%(asctime)s template[{os.getpid()}] %(levelname)s %(message)s"))
@@ -217,10 +255,51 @@ def _peer_gone(conn: socket.socket) -> bool:
 
 
 def fork_supervisor(run_dir: str, env: dict[str, str], umask: int, fds: list[int]) -> int:
-    """Fork twice; the grandchild becomes the supervisor. Returns its pid."""
+    """Fork the supervisor as this process's sibling (see the module's docstring); its pid."""
+    lock_fd, log_fd, ready_fd = fds
+    sys.stderr.flush()
+    global FORK_TWICE
+    if not FORK_TWICE:
+        try:
+            pid = clone_sibling()
+        except OSError as exc:
+            if exc.errno != errno.EINVAL:
+                raise
+            log.warning("%s: forking each supervisor twice instead", exc)
+            FORK_TWICE = True
+        else:
+            if pid == 0:  # pragma: no cover (runs in the child)
+                try:
+                    os.setsid()
+                except OSError:
+                    os._exit(EXIT_SETUP_FAILED)
+                become_supervisor(run_dir, env, umask, lock_fd, log_fd, ready_fd)
+            return pid
+    return _fork_twice(run_dir, env, umask, fds)
+
+
+def clone_sibling() -> int:
+    """``os.fork``, but the child's parent is this process's parent (``CLONE_PARENT``): 0 in the
+    child, its pid here. EINVAL where the kernel refuses (this process is an init) or this
+    machine's clone number is not known here."""
+    if _SYS_CLONE is None:
+        raise OSError(errno.EINVAL, f"clone's system call number on {os.uname().machine}")
+    _pyapi.PyOS_BeforeFork()
+    pid = _syscall(_SYS_CLONE, _CLONE_PARENT | signal.SIGCHLD, None, None, None, 0)
+    if pid == 0:  # pragma: no cover (runs in the child)
+        _pyapi.PyOS_AfterFork_Child()
+        return 0
+    err = ctypes.get_errno()
+    _pyapi.PyOS_AfterFork_Parent()
+    if pid < 0:
+        raise OSError(err, f"clone(CLONE_PARENT): {os.strerror(err)}")
+    return int(pid)
+
+
+def _fork_twice(run_dir: str, env: dict[str, str], umask: int, fds: list[int]) -> int:
+    """The supervisor as a grandchild whose parent exits at once: re-parented away."""
     lock_fd, log_fd, ready_fd = fds
     r, w = os.pipe()
-    sys.stderr.flush()
     first = os.fork()
     if first == 0:  # pragma: no cover (runs in the child)
         try:
