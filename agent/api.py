@@ -39,10 +39,10 @@ from tether.agent.request_args import (
 )
 from tether.agent.schema import SCHEMA_VERSION
 from tether.shared import protocol, records
-from tether.shared.cgroup import CgroupError
 from tether.shared.door_conn import Conn
 from tether.shared.errors import BadRequest, ResourceError, StateError, TetherError, UnknownKind
 from tether.shared.protocol import arg_int, arg_number, arg_str, arg_str_list, check_known
+from tether.shared.step_cgroup import CgroupError
 from tether.shared.timers import rfc3339_now
 
 if TYPE_CHECKING:

@@ -30,7 +30,7 @@ class AgentConfig:
     linger: float = 3600.0
     faults: frozenset[str] = field(default_factory=frozenset)
     cluster: ClusterConfig | None = None
-    #: auto, v2, v1 or none (shared/cgroup.py)
+    #: auto, v2, v1 or none (shared/cgroup_host.py)
     cgroup: str = "auto"
     cgroup_base: str | None = None  #: None: contain.default_base(state_dir)
     default_memory_mb: int = 0

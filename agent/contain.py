@@ -16,8 +16,9 @@ import logging
 import os
 from typing import Any
 
-from tether.shared import cgroup
-from tether.shared.cgroup import CgroupError, Host, StepCgroup
+from tether.shared import cgroup_host, cgroup_layout, step_cgroup
+from tether.shared.cgroup_layout import UNIFIED, Host
+from tether.shared.step_cgroup import CgroupError, StepCgroup
 
 log = logging.getLogger("tether.agent")
 
@@ -40,8 +41,8 @@ def remove_all(base: str) -> None:
     if os.geteuid() != 0:
         return
     for mode in ("v1", "v2"):
-        for path in cgroup.base_dirs(cgroup.probe(mode), base).values():
-            cgroup.remove_tree(path)
+        for path in cgroup_layout.base_dirs(cgroup_host.probe(mode), base).values():
+            step_cgroup.remove_tree(path)
 
 
 def check_base(base: str) -> str:
@@ -64,16 +65,16 @@ class Containment:
 
     def start(self) -> None:
         """Probe (once) and create the base directories; said once in the log, never fatal."""
-        self.host = cgroup.probe(self.want)
+        self.host = cgroup_host.probe(self.want)
         if self.host.mode != "none":
-            bases = cgroup.base_dirs(self.host, self.base)
+            bases = cgroup_layout.base_dirs(self.host, self.base)
             try:
                 for path in bases.values():
                     os.makedirs(path, 0o755, exist_ok=True)
                 if self.host.mode == "v2" and self.host.memory:
                     try:
-                        cgroup.enable_v2_controllers(self.host.own[cgroup.UNIFIED],
-                                                     bases[cgroup.UNIFIED])
+                        cgroup_host.enable_v2_controllers(self.host.own[UNIFIED],
+                                                          bases[UNIFIED])
                     except OSError as exc:
                         self.host.memory = False
                         self.host.note = (f"cannot enable the memory controller for the "
@@ -110,9 +111,9 @@ class Containment:
 
     def plan(self, job: int, attempt: int, memory_mb: int) -> dict[str, Any]:
         """The ``cgroup`` section of a step's spec."""
-        return cgroup.step_plan(self.host.mode, self.bases, job, attempt,
-                                memory_mb or self.default_memory_mb, self.host.memory,
-                                self.host.roots)
+        return cgroup_layout.step_plan(self.host.mode, self.bases, job, attempt,
+                                       memory_mb or self.default_memory_mb, self.host.memory,
+                                       self.host.roots)
 
     def of(self, job: int, attempt: int) -> StepCgroup:
         return StepCgroup(self.plan(job, attempt, 0))

@@ -32,15 +32,16 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.common import ScratchAgent  # noqa: E402
-from tether.shared import cgroup  # noqa: E402
+from tether.shared import cgroup_host, step_cgroup  # noqa: E402
+from tether.shared.cgroup_layout import Host, base_dirs, step_plan  # noqa: E402
 
 TRUE = "/bin/true"
 
 
-def hosts() -> dict[str, cgroup.Host]:
+def hosts() -> dict[str, Host]:
     found = {}
     for mode in ("hybrid", "v1", "v2"):
-        host = cgroup.probe(mode)
+        host = cgroup_host.probe(mode)
         if host.mode == mode:
             found[mode] = host
     return found
@@ -51,13 +52,12 @@ def ms(values: list[float]) -> dict[str, float]:
             "min_ms": round(min(values) * 1000, 3), "n": len(values)}
 
 
-def make_step(host: cgroup.Host, base: str, n: int, memory_mb: int) -> cgroup.StepCgroup:
-    plan = cgroup.step_plan(host.mode, cgroup.base_dirs(host, base), 1, n, memory_mb,
-                            host.memory)
-    return cgroup.StepCgroup(plan)
+def make_step(host: Host, base: str, n: int, memory_mb: int) -> step_cgroup.StepCgroup:
+    plan = step_plan(host.mode, base_dirs(host, base), 1, n, memory_mb, host.memory)
+    return step_cgroup.StepCgroup(plan)
 
 
-def bench_launch(host: cgroup.Host, base: str, runs: int) -> dict[str, Any]:
+def bench_launch(host: Host, base: str, runs: int) -> dict[str, Any]:
     plain: list[float] = []
     contained: list[float] = []
     for r in range(runs + 2):
@@ -80,7 +80,7 @@ def bench_launch(host: cgroup.Host, base: str, runs: int) -> dict[str, Any]:
     return {"without": ms(plain), "with": ms(contained), "added": ms(added)}
 
 
-def bench_kill(host: cgroup.Host, base: str, runs: int) -> dict[str, Any]:
+def bench_kill(host: Host, base: str, runs: int) -> dict[str, Any]:
     times = []
     for r in range(runs):
         cg = make_step(host, base, 1000 + r, 0)
@@ -142,7 +142,7 @@ def main() -> int:
     result: dict[str, Any] = {}
     try:
         for mode, host in hosts().items():
-            for path in cgroup.base_dirs(host, base).values():
+            for path in base_dirs(host, base).values():
                 os.makedirs(path, exist_ok=True)
             print(f"{mode}: launch ...", file=sys.stderr)
             result[f"launch_{mode}"] = bench_launch(host, base, ns.runs)
@@ -152,8 +152,8 @@ def main() -> int:
         result["submit"] = bench_submit(ns.jobs)
     finally:
         for host in hosts().values():
-            for path in cgroup.base_dirs(host, base).values():
-                cgroup.remove_tree(path)
+            for path in base_dirs(host, base).values():
+                step_cgroup.remove_tree(path)
     if ns.json:
         print(json.dumps(result))
         return 0

@@ -1,6 +1,7 @@
-"""Which cgroups a host has and where a step's go: the pure half of ``shared/cgroup.py``.
+"""Which cgroups a host has and where a step's go: the pure part of the cgroup code
+(``shared/cgroup_host.py`` probes the host, ``shared/step_cgroup.py`` works a step's cgroup).
 
-Modes (chosen by ``choose`` from what ``cgroup.probe`` read):
+Modes (chosen by ``choose`` from what ``cgroup_host.probe`` read):
 
 - ``v2``: a cgroup2 mount. Tracking, ``cgroup.kill``, ``cgroup.freeze`` and ``cgroup.events``
   need no controller; memory is enforced only where the ``memory`` controller can be enabled.

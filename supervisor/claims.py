@@ -17,8 +17,8 @@ import time
 import zmq
 
 from tether.shared import faults, protocol
-from tether.shared.cgroup import CgroupError, StepCgroup
 from tether.shared.errors import LaunchError, StateError
+from tether.shared.step_cgroup import CgroupError, StepCgroup
 from tether.shared.timers import rfc3339_now
 from tether.supervisor import handlers, ksm
 from tether.supervisor.opener import ForkInstead, LaunchFailed, Opened, new_opener, output_paths

@@ -23,12 +23,12 @@ from typing import Any
 import zmq
 
 from tether.shared import faults, protocol
-from tether.shared.cgroup import StepCgroup
 from tether.shared.door import Door
 from tether.shared.door_conn import Conn
 from tether.shared.parking import Lot, Parked
 from tether.shared.paths import RunDir
 from tether.shared.procid import ProcId
+from tether.shared.step_cgroup import StepCgroup
 from tether.shared.timers import Timer, Timers
 from tether.shared.wire import Peer as WirePeer
 from tether.supervisor import introspect

@@ -13,7 +13,7 @@ import signal
 import time
 
 from tether.shared import records
-from tether.shared.cgroup import CgroupError
+from tether.shared.step_cgroup import CgroupError
 from tether.supervisor.state import SupervisorState, killpg
 from tether.supervisor.step import Phase
 

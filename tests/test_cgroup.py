@@ -21,19 +21,28 @@ import pytest
 
 from tests.helpers import Node, pid_alive, poll_until
 from tether.agent.contain import default_base
-from tether.shared import cgroup
+from tether.shared import cgroup_host, step_cgroup
+from tether.shared.cgroup_layout import (
+    LEAF,
+    Host,
+    base_dirs,
+    choose,
+    parse_mountinfo,
+    parse_proc_cgroup,
+    step_plan,
+)
 from tether.shared.procid import ProcId
 
 ROOT = os.geteuid() == 0
 FINAL = ("completed", "failed", "cancelled", "lost")
-V1 = cgroup.probe("v1") if ROOT else cgroup.Host("none")
-V2 = cgroup.probe("v2") if ROOT else cgroup.Host("none")
-needs_memory = pytest.mark.skipif(not (ROOT and cgroup.probe().memory),
+V1 = cgroup_host.probe("v1") if ROOT else Host("none")
+V2 = cgroup_host.probe("v2") if ROOT else Host("none")
+needs_memory = pytest.mark.skipif(not (ROOT and cgroup_host.probe().memory),
                                   reason="needs root and a cgroup memory controller")
 needs_freezer = pytest.mark.skipif(
     not ROOT or not ("freezer" in V1.own or V2.mode == "v2"),
     reason="needs root and a cgroup freezer (v1 freezer or cgroup2)")
-needs_cgroups = pytest.mark.skipif(not ROOT or cgroup.probe().mode == "none",
+needs_cgroups = pytest.mark.skipif(not ROOT or cgroup_host.probe().mode == "none",
                                    reason="needs root and cgroups")
 
 #: allocates and touches MB megabytes, then says so
@@ -49,13 +58,13 @@ def step_dirs(node: Node, job: int, attempt: int = 1) -> list[str]:
     """Where job's cgroup directories are (existing or not), in every mode's hierarchies."""
     base = default_base(node.state)
     return [os.path.join(d, f"{job}.{attempt}")
-            for host in (V1, V2) for d in cgroup.base_dirs(host, base).values()]
+            for host in (V1, V2) for d in base_dirs(host, base).values()]
 
 
 def left_cgroups(node: Node) -> list[str]:
     base = default_base(node.state)
     return [os.path.join(d, name) for host in (V1, V2)
-            for d in cgroup.base_dirs(host, base).values() if os.path.isdir(d)
+            for d in base_dirs(host, base).values() if os.path.isdir(d)
             for name in os.listdir(d) if os.path.isdir(os.path.join(d, name))]
 
 
@@ -74,31 +83,31 @@ PURE_V2 = "30 23 0:26 / /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw,nsdelegate
 
 
 def test_probe_picks_hybrid_on_a_hybrid_host_without_v2_controllers() -> None:
-    mounts = cgroup.parse_mountinfo(HYBRID)
-    own = cgroup.parse_proc_cgroup(HYBRID_SELF)
-    host = cgroup.choose(mounts, own, {"hugetlb"})
+    mounts = parse_mountinfo(HYBRID)
+    own = parse_proc_cgroup(HYBRID_SELF)
+    host = choose(mounts, own, {"hugetlb"})
     assert host.mode == "hybrid" and host.memory
     assert host.own == {"memory": "/sys/fs/cgroup/memory/process_api/abc",
                         "unified": "/sys/fs/cgroup/unified"}
-    host = cgroup.choose(mounts, own, {"hugetlb"}, "v1")  # the v1 hierarchies alone
+    host = choose(mounts, own, {"hugetlb"}, "v1")  # the v1 hierarchies alone
     assert host.mode == "v1" and host.memory
     assert host.own == {"memory": "/sys/fs/cgroup/memory/process_api/abc",
                         "freezer": "/sys/fs/cgroup/freezer", "pids": "/sys/fs/cgroup/pids",
                         "cpuacct": "/sys/fs/cgroup/cpu,cpuacct"}
-    assert cgroup.base_dirs(host, "t")["memory"] == "/sys/fs/cgroup/memory/process_api/abc/t"
-    assert cgroup.base_dirs(host, "/t")["memory"] == "/sys/fs/cgroup/memory/t"
-    forced = cgroup.choose(mounts, own, {"hugetlb"}, "v2")  # tracking and kill, no memory
+    assert base_dirs(host, "t")["memory"] == "/sys/fs/cgroup/memory/process_api/abc/t"
+    assert base_dirs(host, "/t")["memory"] == "/sys/fs/cgroup/memory/t"
+    forced = choose(mounts, own, {"hugetlb"}, "v2")  # tracking and kill, no memory
     assert (forced.mode, forced.memory) == ("v2", False)
     assert forced.own == {"unified": "/sys/fs/cgroup/unified"}
 
 
 def test_probe_picks_v2_where_it_has_the_memory_controller() -> None:
-    host = cgroup.choose(cgroup.parse_mountinfo(PURE_V2),
-                         cgroup.parse_proc_cgroup("0::/system.slice/tether-agent.service\n"),
-                         {"cpu", "memory", "pids"})
+    host = choose(parse_mountinfo(PURE_V2),
+                  parse_proc_cgroup("0::/system.slice/tether-agent.service\n"),
+                  {"cpu", "memory", "pids"})
     assert (host.mode, host.memory) == ("v2", True)
     assert host.own == {"unified": "/sys/fs/cgroup/system.slice/tether-agent.service"}
-    plan = cgroup.step_plan(host.mode, cgroup.base_dirs(host, "jobs"), 7, 2, 50, host.memory)
+    plan = step_plan(host.mode, base_dirs(host, "jobs"), 7, 2, 50, host.memory)
     assert plan == {"mode": "v2", "memory_mb": 50, "dirs": {
         "unified": "/sys/fs/cgroup/system.slice/tether-agent.service/jobs/7.2"}}
 
@@ -107,28 +116,28 @@ def test_probe_picks_v2_where_it_has_the_memory_controller() -> None:
 #: plan has them), a child forked inside it, this process back home, the mount table unread.
 JOIN = """
 import os, subprocess, sys
-from tether.shared import cgroup
-host = cgroup.probe()
+from tether.shared import cgroup_host, step_cgroup
+from tether.shared.cgroup_layout import base_dirs, step_plan
+host = cgroup_host.probe()
 base = sys.argv[1]
-plan = cgroup.step_plan(host.mode, cgroup.base_dirs(host, base), 1, 1, 0, host.memory,
-                        host.roots)
+plan = step_plan(host.mode, base_dirs(host, base), 1, 1, 0, host.memory, host.roots)
 assert plan["roots"] == {k: host.roots[k] for k in plan["dirs"]}, plan
-cgroup._MOUNTS = None  # the probe read the mount table: forget it
+step_cgroup._MOUNTS = None  # the probe read the mount table: forget it
 before = open("/proc/self/cgroup").read()
-cg = cgroup.StepCgroup(plan)
+cg = step_cgroup.StepCgroup(plan)
 cg.create()
 try:
     with cg.joined():
         child = subprocess.Popen(["sleep", "30"])
     assert cg.procs() == {child.pid}, (cg.procs(), child.pid)
     assert open("/proc/self/cgroup").read() == before
-    assert cgroup._MOUNTS is None, "the mount table was read"
+    assert step_cgroup._MOUNTS is None, "the mount table was read"
     child.kill()
     child.wait()
 finally:
     cg.kill_and_wait()
     cg.remove()
-    for d in cgroup.base_dirs(host, base).values():
+    for d in base_dirs(host, base).values():
         os.rmdir(d)
 print("ok")
 """
@@ -145,8 +154,8 @@ def test_a_step_finds_its_own_cgroup_from_the_plans_mount_points() -> None:
 def test_probe_reads_the_agents_leaf_as_its_own_cgroup() -> None:
     """After the agent moved into a leaf to enable controllers (cgroup2's no-internal-process
     rule), a restarted agent finds the same base."""
-    host = cgroup.choose(cgroup.parse_mountinfo(PURE_V2), cgroup.parse_proc_cgroup(
-        f"0::/tether.slice/tether-agent.service/{cgroup.LEAF}\n"), {"memory"})
+    host = choose(parse_mountinfo(PURE_V2), parse_proc_cgroup(
+        f"0::/tether.slice/tether-agent.service/{LEAF}\n"), {"memory"})
     assert host.own == {"unified": "/sys/fs/cgroup/tether.slice/tether-agent.service"}
 
 
@@ -161,7 +170,7 @@ def test_pure_v2_limits_and_counts_on_a_fake_cgroupfs(tmp_path: Any) -> None:
     base = own / "jobs"
     base.mkdir()  # as the agent makes it first; the kernel would add the file
     (base / "cgroup.subtree_control").write_text("")
-    cgroup.enable_v2_controllers(str(own), str(base))
+    cgroup_host.enable_v2_controllers(str(own), str(base))
     assert (own / "cgroup.subtree_control").read_text() == "+memory +pids"
     assert (base / "cgroup.subtree_control").read_text() == "+memory +pids"
     step = base / "7.1"
@@ -172,7 +181,7 @@ def test_pure_v2_limits_and_counts_on_a_fake_cgroupfs(tmp_path: Any) -> None:
                        ("memory.events", "low 0\nhigh 0\nmax 12\noom 1\noom_kill 1\n"),
                        ("cgroup.events", "populated 0\nfrozen 0\n")):
         (step / name).write_text(text)
-    cg = cgroup.StepCgroup({"mode": "v2", "dirs": {"unified": str(step)}, "memory_mb": 50})
+    cg = step_cgroup.StepCgroup({"mode": "v2", "dirs": {"unified": str(step)}, "memory_mb": 50})
     cg.create()
     assert (step / "memory.max").read_text() == str(50 << 20)
     assert (step / "memory.swap.max").read_text() == "0"
@@ -183,10 +192,9 @@ def test_pure_v2_limits_and_counts_on_a_fake_cgroupfs(tmp_path: Any) -> None:
 
 
 def test_probe_without_cgroups_is_none() -> None:
-    host = cgroup.choose(cgroup.parse_mountinfo("22 1 0:21 / /proc rw - proc proc rw\n"),
-                         {}, set())
+    host = choose(parse_mountinfo("22 1 0:21 / /proc rw - proc proc rw\n"), {}, set())
     assert host.mode == "none"
-    assert cgroup.step_plan("none", {}, 1, 1, 50, False) == {"mode": "none"}
+    assert step_plan("none", {}, 1, 1, 50, False) == {"mode": "none"}
 
 
 # ---- memory ------------------------------------------------------------------------------------
@@ -250,7 +258,7 @@ def test_a_setsid_daemon_is_gone_when_the_step_ends(node: Node) -> None:
     job, pidfile = daemon_job(node, f"while [ ! -e {go} ]; do sleep 0.05; done")
     daemon = read_pid(pidfile)
     assert pid_alive(daemon)
-    assert any(daemon in cgroup.procs_of(d) for d in step_dirs(node, job))
+    assert any(daemon in step_cgroup.procs_of(d) for d in step_dirs(node, job))
     open(go, "w").close()
     assert node.wait_end(job)["state"] == "completed"
     assert not pid_alive(daemon)
@@ -261,7 +269,7 @@ def test_a_setsid_daemon_is_gone_when_the_step_ends(node: Node) -> None:
 def test_a_setsid_daemon_is_gone_after_its_supervisor_is_sigkilled(make_node: type[Node],
                                                                    mode: str) -> None:
     # v1 kills by freezing, v2 and hybrid by cgroup.kill
-    host = cgroup.probe(mode) if ROOT else cgroup.Host("none")
+    host = cgroup_host.probe(mode) if ROOT else Host("none")
     if not ROOT or host.mode != mode:
         pytest.skip(f"needs root and cgroup {mode}")
     node = make_node(extra=["--cgroup", mode])
@@ -395,7 +403,7 @@ def test_no_cgroup_is_left_after_100_jobs(make_node: type[Node]) -> None:
 def bases(node: Node) -> list[str]:
     """The agent's base directories that exist, in every hierarchy."""
     base = default_base(node.state)
-    return [d for host in (V1, V2) for d in cgroup.base_dirs(host, base).values()
+    return [d for host in (V1, V2) for d in base_dirs(host, base).values()
             if os.path.isdir(d)]
 
 

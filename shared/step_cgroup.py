@@ -1,6 +1,8 @@
-"""cgroups (I/O): the agent's probe, once at start, and one step's cgroup, for the supervisor
-that owns it and for the agent once that supervisor is gone. Modes, layout and plans, which are
-pure, are in ``shared/cgroup_layout.py`` (and named here too).
+"""One step's cgroup (I/O): ``StepCgroup``, for the supervisor that owns it and for the agent
+once that supervisor is gone; ``remove_tree`` (every step cgroup under a directory) for the
+agent's orphans; and the cgroupfs file helpers they are built on. Apart from
+``shared/cgroup_host.py`` (the agent's probe, once at start), which a supervisor never runs;
+modes, layout and plans, which are pure, are in ``shared/cgroup_layout.py``.
 
 The supervisor creates the step's directories before the first fork and puts each task in them
 before it execs by joining them itself around the fork (``joined``): Popen has no way to place a
@@ -22,19 +24,8 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from tether.shared.cgroup_layout import LEAF as LEAF
-from tether.shared.cgroup_layout import MODES as MODES
-from tether.shared.cgroup_layout import UNIFIED as UNIFIED
-from tether.shared.cgroup_layout import V1_KINDS as V1_KINDS
-from tether.shared.cgroup_layout import Host as Host
-from tether.shared.cgroup_layout import Mount as Mount
-from tether.shared.cgroup_layout import base_dirs as base_dirs
-from tether.shared.cgroup_layout import choose as choose
+from tether.shared.cgroup_layout import UNIFIED, V1_KINDS, Mount, parse_mountinfo, parse_proc_cgroup
 from tether.shared.cgroup_layout import join as _join
-from tether.shared.cgroup_layout import parse_mountinfo as parse_mountinfo
-from tether.shared.cgroup_layout import parse_proc_cgroup as parse_proc_cgroup
-from tether.shared.cgroup_layout import step_name as step_name
-from tether.shared.cgroup_layout import step_plan as step_plan
 
 #: how long a freeze may take to settle before the kill goes on regardless
 FREEZE_TIMEOUT = 1.0
@@ -44,62 +35,6 @@ KILL_PASSES = 20
 
 class CgroupError(Exception):
     pass
-
-
-def probe(want: str = "auto") -> Host:
-    """Read this process's view of the host (I/O) and choose."""
-    if want == "none":
-        return Host("none", note="cgroups turned off")
-    try:
-        with open("/proc/self/mountinfo") as f:
-            mounts = parse_mountinfo(f.read())
-        with open("/proc/self/cgroup") as f:
-            own = parse_proc_cgroup(f.read())
-    except OSError as exc:
-        return Host("none", note=f"cannot read the cgroup layout: {exc}")
-    controllers: set[str] = set()
-    v2 = next((m for m in mounts if m.fstype == "cgroup2"), None)
-    if v2 is not None:
-        path = os.path.join(_join(v2.point, own.get(UNIFIED, "/")), "cgroup.controllers")
-        with contextlib.suppress(OSError), open(path) as f:
-            controllers = set(f.read().split())
-    return choose(mounts, own, controllers, want)
-
-
-def enable_v2_controllers(own: str, base: str) -> None:
-    """Give ``base`` (below ``own``) and the steps' cgroups in it memory and pids controllers.
-
-    cgroup2's "no internal processes" rule: a cgroup that holds processes cannot hand
-    controllers to its children, so when ``own`` refuses (EBUSY) every process in it (the agent,
-    supervisors of an earlier agent) moves to ``own/tether-leaf`` first; the probe reads that
-    leaf as ``own`` again. Raises OSError."""
-    with open(os.path.join(own, "cgroup.controllers")) as f:
-        have = set(f.read().split())
-    want = " ".join(f"+{c}" for c in ("memory", "pids") if c in have)
-    if not want:
-        return
-    try:
-        write(os.path.join(own, "cgroup.subtree_control"), want)
-    except OSError as exc:
-        if exc.errno != errno.EBUSY:
-            raise
-        leaf = os.path.join(own, LEAF)
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(leaf, 0o755)
-        for pid in procs_of(own):
-            with contextlib.suppress(ProcessLookupError):
-                write(os.path.join(leaf, "cgroup.procs"), str(pid))
-        write(os.path.join(own, "cgroup.subtree_control"), want)
-    rel = os.path.relpath(base, own)
-    if rel.startswith(".."):  # an absolute base elsewhere: its own ancestors are the operator's
-        write(os.path.join(base, "cgroup.subtree_control"), want)
-        return
-    path = own
-    for part in rel.split("/"):
-        path = os.path.join(path, part)
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(path, 0o755)
-        write(os.path.join(path, "cgroup.subtree_control"), want)
 
 
 # ---- file helpers ------------------------------------------------------------------------------
