@@ -17,15 +17,14 @@ on the agent, as before the split):
   - follow.py: the link to each supervisor, its requests, and the fallback when one is gone;
   - launcher.py: allocate, record and spawn a job's attempt;
   - recovery.py: the reattach pass at start;
-  - api.py: the requests of the CLI; scheduler.py: the queue.
-This module keeps the start and stop, the poll loop and its dispatch, the signal wakeups, and
-answering clients (replies, parked ``wait`` requests, job ids held for submissions).
+  - answering.py: answering clients (replies, parked ``wait`` requests, job ids held for
+    submissions); api.py: the requests of the CLI; scheduler.py: the queue.
+This module keeps the start and stop, the poll loop and its dispatch, and the signal wakeups.
 """
 
 from __future__ import annotations
 
 import fcntl
-import functools
 import logging
 import os
 import signal
@@ -37,7 +36,16 @@ from typing import TYPE_CHECKING, Any
 
 import zmq
 
-from tether.agent import api, effects, follow, group_commit, launcher, lifecycle, recovery, statedir
+from tether.agent import (
+    answering,
+    effects,
+    follow,
+    group_commit,
+    launcher,
+    lifecycle,
+    recovery,
+    statedir,
+)
 from tether.agent.config import AgentConfig, AgentError, allowed_cpus
 from tether.agent.contain import BadBase, Containment
 from tether.agent.db import Store
@@ -50,9 +58,7 @@ from tether.agent.poller import Poller
 from tether.agent.scheduler import Scheduler
 from tether.agent.spawn import Spawner
 from tether.agent.syncer import Syncer
-from tether.shared import protocol
-from tether.shared.door import Door, answer
-from tether.shared.door_conn import Conn
+from tether.shared.door import Door
 from tether.shared.faults import agent_fault
 from tether.shared.parking import Lot
 from tether.shared.paths import Layout
@@ -301,51 +307,6 @@ class Agent:
             log.info("received %s: stopping (jobs keep running)", signal.Signals(sig).name)
             self.stopping = True
 
-    # ---- serving the CLI -------------------------------------------------------------------
-
-    def on_request(self, conn: Conn, req: protocol.Request) -> None:
-        answer(lambda: api.dispatch(self, conn, req), req, conn,
-               lambda r: self.reply(conn, r), log, api.PENDING, self.door)
-
-    def reserve_id(self, count: int = 1) -> int:
-        """The first of ``count`` consecutive ids the next recorded jobs get, held until
-        ``release_id``. A refused submission gives its ids back when no later one was handed
-        out, so ids stay dense."""
-        job_id = max(self.db.last_id(), max(self.reserved, default=0)) + 1
-        self.reserved.update(range(job_id, job_id + count))
-        return job_id
-
-    def release_id(self, job_id: int, count: int = 1) -> None:
-        self.reserved.difference_update(range(job_id, job_id + count))
-
-    def on_door_close(self, conn: Conn) -> None:
-        self.waiters.drop_peer(conn.key)
-
-    def reply(self, conn: Conn, reply: protocol.Reply) -> None:
-        """Answer a client: only once what the answer tells is durable (``hold``)."""
-        def send() -> None:
-            if self.door is not None:
-                self.door.send(conn, reply)
-        self.hold(send)
-
-    def add_waiter(self, job_id: int, conn: Conn, rid: protocol.RequestId,
-                   hold: float) -> None:
-        self.waiters.park(job_id, conn, rid, hold, None,
-                          lambda p: self.reply(p.peer, protocol.ok(p.rid, {"done": False})))
-
-    def job_ended(self, job: Job) -> None:
-        if self.cluster is not None:
-            self.hold(functools.partial(self.cluster.job_ended, job))
-        for p in self.waiters.take(job.id):
-            self.reply(p.peer, protocol.ok(p.rid, {"done": True, "job": self.public(job)}))
-        if job.array_id is not None and self.waiters.parked(-job.array_id):
-            # ``wait`` of the whole array (parked under minus its id): once every element ended
-            elements = self.db.array_elements(job.array_id)
-            if all(e.final for e in elements):
-                outcome = self.public(api.array_outcome(elements))
-                for p in self.waiters.take(-job.array_id):
-                    self.reply(p.peer, protocol.ok(p.rid, {"done": True, "job": outcome}))
-
     # ---- scheduling ------------------------------------------------------------------------
 
     def schedule(self) -> None:
@@ -358,6 +319,14 @@ class Agent:
         return self.scheduler.public(job)
 
     # ---- the parts of the agent, each in its module (see the module docstring) -------------
+
+    on_request = answering.on_request
+    reserve_id = answering.reserve_id
+    release_id = answering.release_id
+    on_door_close = answering.on_door_close
+    reply = answering.reply
+    add_waiter = answering.add_waiter
+    job_ended = answering.job_ended
 
     hold = group_commit.hold
     flush = group_commit.flush

@@ -8,7 +8,7 @@ has made the turn's commits durable (``synced``). So submits and transitions tha
 cost one fsync, none is acknowledged before it is durable, and the loop never waits for the disk.
 
 A module of its own because this ordering is the agent's durability promise: every other part
-(effects.py, follow.py, daemon.py's replies) only ever calls ``hold``. The functions take the
+(effects.py, follow.py, answering.py's replies) only ever calls ``hold``. The functions take the
 agent and are bound as its methods (daemon.py ``Agent``).
 """
 
