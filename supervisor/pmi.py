@@ -1,12 +1,9 @@
-"""A PMI server for one step, as a pure state machine: bytes in, outputs out. No sockets, no os,
-no clocks.
+"""A PMI server for one step, a pure state machine: bytes in, outputs out; no sockets, os, clocks.
 
-Theory of operation
--------------------
-The supervisor is the real parent of a step's ranks and the only process that can serve their
-PMI: MPICH's client never reconnects, so the server must live as long as the ranks do
-(docs/pmi.md). The I/O layer owns one socketpair per rank (PMI_FD) and the reaper. It
-drives this module with two calls and acts on what they return, in order:
+Theory of operation. The supervisor is the real parent of a step's ranks and the only process
+that can serve their PMI: MPICH's client never reconnects, so the server must live as long as
+the ranks do (docs/pmi.md). The I/O layer owns one socketpair per rank (PMI_FD) and the reaper.
+It drives this module with two calls and acts on what they return, in order:
 
     feed(rank, data)          bytes read from that rank's PMI fd, split anywhere
     rank_exited(rank, ok)     the reaper saw that rank's process end
@@ -35,12 +32,13 @@ when all ``size`` ranks are in it, whichever protocol each speaks. Node attribut
 visible at once and release any ``info-getnodeattr wait=TRUE`` held for that key. Names
 (publish/lookup) live in the step; there is no cross-job name service.
 
-Failures. A peer's mistake in one command (unknown command, oversized key or value, a missing
-key, a second init) gets an error reply and the rank carries on; the client then fails in its
-own code with a message. A stream that cannot be parsed any more (bad framing, a line or frame
-past any sane size) yields ProtocolError and the rest of that rank's input is ignored. The
-first failure is recorded (snapshot()["failure"]) and later Broken events are suppressed: the
-step is already ending, and its story is the first failure.
+Failures. feed() and rank_exited() never raise on anything a rank sends; they raise ValueError only
+for a rank index outside 0..size-1, which is the caller's bug. A peer's mistake in one command
+(unknown command, oversized key or value, a missing key, a second init) gets an error reply and the
+rank carries on; the client then fails in its own code with a message. A stream that cannot be
+parsed any more (bad framing, a line or frame past any sane size) yields ProtocolError and the rest
+of that rank's input is ignored. The first failure is recorded (snapshot()["failure"]) and later
+Broken events are suppressed: the step is already ending, and its story is the first failure.
 
 Races and edges, and what this module does about them:
  1. EOF means nothing: a rank's children inherit PMI_FD, so the I/O layer must report deaths
@@ -60,13 +58,9 @@ Races and edges, and what this module does about them:
     that another would put only after a fence). PMI has no timeouts; the supervisor's own
     deadlines cover that.
 
-feed() and rank_exited() never raise on anything a rank sends. They raise ValueError only for
-a rank index outside 0..size-1, which is the caller's bug.
-
 Parts. This module holds the classes (which the handover pickles) and the driving API;
-pmi_framing.py takes requests off a rank's stream, pmi_commands.py answers them, pmi_kvs.py
-holds what the ranks share (the store, barrier/fence, failure bookkeeping), pmi_wire.py is the
-codec.
+pmi_framing.py takes requests off a rank's stream, pmi_commands.py answers them, pmi_kvs.py holds
+what the ranks share (the store, barrier/fence, failure bookkeeping), pmi_wire.py is the codec.
 """
 
 from __future__ import annotations
