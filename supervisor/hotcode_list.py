@@ -255,6 +255,7 @@ HOT: tuple[str, ...] = (
     'tether.shared.step_cgroup:write',
     'tether.supervisor.launch:_pinned',
     'tether.supervisor.launch:Launcher._popen',
+    'tether.shared.procid:boot_ticks',
     'subprocess:Popen.__init__',
     'subprocess:_cleanup',
     'subprocess:Popen._get_handles',

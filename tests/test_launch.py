@@ -11,6 +11,7 @@ import pytest
 
 from tests.helpers import Node, poll_until
 from tether.shared import records
+from tether.shared.procid import boot_ticks, proc_stat
 
 PROBE = (
     'echo "rank=$TETHER_TASK_ID ntasks=$TETHER_NTASKS job=$TETHER_JOB_ID '
@@ -165,3 +166,43 @@ def test_a_claimed_step_writes_no_ready_manifest(node: Node) -> None:
     finally:
         os.close(fd)
     assert (written.count("manifest.json"), written.count("exit.json")) == (2, 1), written
+
+
+def test_each_task_s_recorded_identity_is_the_kernel_s(make_node: type[Node]) -> None:
+    """The start ticks a supervisor records for its tasks (from the clock around each fork,
+    ``procid.boot_ticks``, or /proc when a tick passed) are the ones /proc shows: the identity
+    every later check of "is this still that task" compares against."""
+    node = make_node(cpus=16)
+    node.start()
+    job = node.submit("sleep", "60", opts=("--ntasks", "12"))
+    try:
+        tasks = node.running_manifest(job)["tasks"]
+        assert len(tasks) == 12
+        for t in tasks:
+            st = proc_stat(t["pid"])
+            assert st is not None and (t["pid"], t["start_ticks"]) == (st.pid, st.start_ticks), t
+    finally:
+        node.ok("cancel", str(job))
+    assert node.wait_end(job)["state"] == "cancelled"
+
+
+def test_boot_ticks_around_a_fork_are_the_child_s_start_ticks() -> None:
+    """When the clock reads the same tick before and after a fork, the child's start ticks
+    in /proc are that tick (when a tick passed, they lie between the two)."""
+    same = 0
+    for _ in range(200):
+        before = boot_ticks()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover (the child)
+            os._exit(0)
+        after = boot_ticks()
+        try:
+            st = proc_stat(pid)
+            assert st is not None
+            assert before <= st.start_ticks <= after
+            same += before == after
+            if before == after:
+                assert st.start_ticks == before
+        finally:
+            os.waitpid(pid, 0)
+    assert same > 100  # a tick is 10 ms; a fork takes well under one
