@@ -16,8 +16,9 @@ terminal). The template replies with the child's pid and never waits for it: not
 Why not the double fork the cold path's shell does: the middle child cost a job ~3.7 ms of CPU
 (a second copy of the page tables, their teardown at its exit, and the copy-on-write faults of
 its Python at-fork work; bench/README.md), a quarter of the template's share of a job. Where
-the kernel refuses ``CLONE_PARENT`` (this process is a namespace's init) or the architecture's
-clone number is unknown here, the template forks twice instead, as it did before.
+the kernel refuses ``CLONE_PARENT`` (this process is a namespace's init), a seccomp policy does,
+or the architecture's clone number is unknown here, the template forks twice instead, as it did
+before, and says so once.
 
 ``clone`` is called through ``syscall`` with the interpreter's own fork protocol around it
 (``PyOS_BeforeFork``, ``PyOS_AfterFork_Child``/``_Parent``: what ``os.fork`` does around
@@ -109,6 +110,8 @@ _syscall = ctypes.PyDLL(None, use_errno=True).syscall
 _syscall.restype = ctypes.c_long
 _syscall.argtypes = [ctypes.c_long, ctypes.c_ulong, ctypes.c_void_p, ctypes.c_void_p,
                      ctypes.c_void_p, ctypes.c_ulong]
+#: how the kernel, or a seccomp policy, refuses ``CLONE_PARENT`` where a fork would work
+_CLONE_REFUSED = frozenset((errno.EINVAL, errno.EPERM, errno.ENOSYS))
 #: clone's number; its first two arguments (flags, stack) are the same on both
 _SYS_CLONE = {"x86_64": 56, "aarch64": 220}.get(os.uname().machine)
 _CLONE_PARENT = 0x00008000
@@ -263,8 +266,8 @@ def fork_supervisor(run_dir: str, env: dict[str, str], umask: int, fds: list[int
         try:
             pid = clone_sibling()
         except OSError as exc:
-            if exc.errno != errno.EINVAL:
-                raise
+            if exc.errno not in _CLONE_REFUSED:
+                raise  # EAGAIN, ENOMEM: a fork would fail the same way
             log.warning("%s: forking each supervisor twice instead", exc)
             FORK_TWICE = True
         else:
@@ -281,7 +284,7 @@ def fork_supervisor(run_dir: str, env: dict[str, str], umask: int, fds: list[int
 def clone_sibling() -> int:
     """``os.fork``, but the child's parent is this process's parent (``CLONE_PARENT``): 0 in the
     child, its pid here. EINVAL where the kernel refuses (this process is an init) or this
-    machine's clone number is not known here."""
+    machine's clone number is not known here; EPERM or ENOSYS where a seccomp policy does."""
     if _SYS_CLONE is None:
         raise OSError(errno.EINVAL, f"clone's system call number on {os.uname().machine}")
     _pyapi.PyOS_BeforeFork()
