@@ -366,6 +366,9 @@ def bench_throughput(root: str, jobs: int, submitters: int = 1, name: str = "t",
         except BaseException as exc:
             errors.append(exc)
 
+    # the machine-speed reference, just before (the loop below keeps both CPUs busy: one
+    # measured during it would weigh the load, not the machine)
+    python_ms = statistics.median(timed(REFERENCE) for _ in range(10))
     syncs0 = agent.call("status").get("db_syncs")
     assert agent.proc is not None
     cpu0 = cpu_seconds(agent.proc.pid)
@@ -395,6 +398,10 @@ def bench_throughput(root: str, jobs: int, submitters: int = 1, name: str = "t",
             "db_syncs_per_job": None if syncs is None or syncs0 is None
             else round((syncs - syncs0) / jobs, 2),
             "jobs_per_s": round(jobs / total, 1),
+            "python_ms": round(python_ms, 1),
+            # jobs in the time of one `python -I -c pass`: the figure that a faster or slower
+            # host moves least (the goal, 100 jobs/s, at the 11 ms interpreter: 1.1)
+            "jobs_per_python": round(jobs / total * python_ms / 1000, 2),
             "submit_all_s": round(t_submitted - t0, 2),
             "submit_reply_ms": summary(replies, 2)}, agent
 
