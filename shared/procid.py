@@ -19,8 +19,9 @@ if TYPE_CHECKING:  # annotations only: typing costs a client's start ~5 ms
 
 _BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
 _boot_id: str | None = None
-#: one clock tick (field 22's unit, USER_HZ) in nanoseconds
-_TICK_NS = 1_000_000_000 // os.sysconf("SC_CLK_TCK")
+#: clock ticks per second (USER_HZ): the unit of field 22, the start time
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+_TICK_NS = 1_000_000_000 // CLK_TCK
 
 
 def boot_id() -> str:
@@ -75,6 +76,11 @@ def proc_stat(pid: int) -> ProcStat | None:
 def start_ticks(pid: int) -> int | None:
     st = proc_stat(pid)
     return None if st is None else st.start_ticks
+
+
+def boottime() -> float:
+    """Seconds since boot on the clock that process start times are measured by."""
+    return time.clock_gettime(time.CLOCK_BOOTTIME)
 
 
 def boot_ticks() -> int:

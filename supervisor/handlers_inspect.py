@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import tether
 from tether.shared import protocol
 from tether.shared.errors import StateError
+from tether.shared.procid import boottime
 from tether.shared.protocol import check_known
 from tether.supervisor import introspect
 from tether.supervisor.state import PENDING, Peer
@@ -88,7 +89,7 @@ def stats(sup: Supervisor, peer: Peer, req: protocol.Request) -> Any:
 
 def stats_result(sup: Supervisor, procs: list[introspect.ProcSample]) -> Any:
     found = _step_processes(sup, procs)
-    now = introspect.boottime()
+    now = boottime()
     tasks = []
     for t in sup.step.tasks:
         entry: dict[str, Any] = {"rank": t.rank, "pid": t.pid, "alive": bool(t.pid) and not t.done}

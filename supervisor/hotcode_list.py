@@ -315,7 +315,7 @@ HOT: tuple[str, ...] = (
     'subprocess:Popen.__del__',
     'subprocess:Popen._internal_poll',
     'tether.supervisor.step:Task.record_status',
-    'tether.supervisor.introspect:boottime',
+    'tether.shared.procid:boottime',
     'tether.supervisor.reaping:Reaping.cgroup_drained',
     'tether.shared.step_cgroup:StepCgroup.empty',
     'tether.shared.step_cgroup:StepCgroup.procs',

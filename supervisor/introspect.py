@@ -31,13 +31,11 @@ from __future__ import annotations
 
 import os
 import pwd
-import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 
-from tether.shared.procid import children
+from tether.shared.procid import CLK_TCK, children
 
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 PAGE_KB = os.sysconf("SC_PAGE_SIZE") // 1024
 
 #: At most this many bytes per stream in one ``output --lines`` reply (two streams stay well
@@ -270,11 +268,6 @@ def usage(procs: Iterable[ProcSample]) -> dict[str, float | int]:
         peak += max(p.hwm_kb, p.rss_kb)
     return {"cpu_user": round(user, 3), "cpu_system": round(system, 3), "rss_kb": rss,
             "peak_rss_kb": peak}
-
-
-def boottime() -> float:
-    """Seconds since boot on the clock that process start times are measured by."""
-    return time.clock_gettime(time.CLOCK_BOOTTIME)
 
 
 def elapsed(start_ticks: int, end_boottime: float | None, now_boottime: float) -> float:

@@ -15,8 +15,9 @@ from typing import Any
 
 import tether
 from tether.shared import protocol, records
+from tether.shared.procid import boottime
 from tether.shared.timers import rfc3339_now
-from tether.supervisor import handlers_output, introspect
+from tether.supervisor import handlers_output
 from tether.supervisor.state import SupervisorState
 from tether.supervisor.step import Phase
 
@@ -97,7 +98,7 @@ class Recording(SupervisorState):
     def on_event(self, event: dict[str, Any]) -> None:
         """Wake the ``events`` verb's waiters; at the step's end, every follower."""
         if event["kind"] == "task_exited":
-            self.task_end_boottime[int(event["rank"])] = introspect.boottime()
+            self.task_end_boottime[int(event["rank"])] = boottime()
         if event["kind"] == "step_ended":
             self.step_over()
         else:
