@@ -49,11 +49,10 @@ fi
 # setuptools' distutils shim is a .pth that every interpreter start of this venv runs (~1-2 ms
 # of each tether command and cold supervisor); nothing here builds packages at run time.
 rm -f .venv/lib/python3*/site-packages/distutils-precedence.pth
-# pip's console script imports re, only to tidy argv[0] for Windows' launchers: with the enum it
-# imports, ~3 ms of every tether command (docs/cli.md, "Start-up"). The same script without it.
-if [ -f .venv/bin/tether ]; then
-    sed -i -e '/^import re$/d' -e '/= re\.sub(/d' .venv/bin/tether
-fi
+# pip's console script starts python with `site` (and Debian's sitecustomize) and imports re,
+# only to tidy argv[0] for Windows' launchers: ~5 ms of every tether command (docs/cli.md,
+# "Start-up"). Ours starts `python -IS` and appends the directories site would have added.
+.venv/bin/python scripts/launcher.py .venv/bin/tether
 # Bytecode for tether itself, whatever PYTHONDONTWRITEBYTECODE says (it is set on these machines,
 # and an editable install ships none): without it every process start is ~30% slower. Compiled
 # where the venv imports from: the strict install's link tree (a module's bytecode is looked up

@@ -90,17 +90,46 @@ def test_a_mistake_still_gets_argparse_s_words(busy: tuple[Node, int, int]) -> N
     assert "argparse" in got and "tether.cli.parser" in got
 
 
-def test_the_console_script_imports_no_re(busy: tuple[Node, int, int]) -> None:
-    """pip's script imports re for Windows' launchers; setup.sh takes that line out."""
-    node, _, _ = busy
+def console_script() -> str:
     script = os.path.join(os.path.dirname(sys.executable), "tether")
     if not os.path.exists(script):
         pytest.skip("no console script beside this interpreter (not the dev venv)")
-    res = subprocess.run([sys.executable, "-X", "importtime", script, "status"],
+    return script
+
+
+def test_the_console_script_starts_without_site_and_imports_no_re(
+        busy: tuple[Node, int, int]) -> None:
+    """pip's script runs ``site`` (Debian's sitecustomize too) and imports re for Windows'
+    launchers; setup.sh writes one that starts ``python -IS`` (scripts/launcher.py)."""
+    node, _, _ = busy
+    script = console_script()
+    with open(script) as f:
+        assert f.readline().rstrip("\n").endswith(" -IS")
+    # the script as its first line runs it, with -X importtime in between
+    res = subprocess.run([sys.executable, "-IS", "-X", "importtime", script, "status"],
                          capture_output=True, text=True, env=node.env, timeout=60)
     assert res.returncode == 0, res.stderr[-2000:]
     got = modules(res.stderr)
-    assert "tether.cli.main" in got and "re" not in got and "enum" not in got
+    assert "tether.cli.main" in got and "tether.shared.minipack" in got
+    assert not got & {"site", "sitecustomize", "re", "enum"}, sorted(got)
+
+
+def test_the_console_script_ignores_pythonpath(busy: tuple[Node, int, int],
+                                               tmp_path: str) -> None:
+    """-I: a ``tether`` package on PYTHONPATH is not what runs (the agent is started by the
+    same script, as root)."""
+    node, _, _ = busy
+    script = console_script()
+    fake = os.path.join(tmp_path, "tether")
+    os.makedirs(os.path.join(fake, "cli"))
+    marker = os.path.join(tmp_path, "imported")
+    for name in ("__init__.py", "cli/__init__.py", "cli/main.py"):
+        with open(os.path.join(fake, name), "w") as f:
+            f.write(f"open({marker!r}, 'w').close()\n")
+    res = subprocess.run([script, "status"], capture_output=True, text=True, timeout=60,
+                         env=dict(node.env, PYTHONPATH=str(tmp_path)), cwd=str(tmp_path))
+    assert res.returncode == 0 and "agent on node" in res.stdout, res.stderr[-2000:]
+    assert not os.path.exists(marker)
 
 
 def test_the_venv_finds_bytecode_where_it_imports_tether_from() -> None:
