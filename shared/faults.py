@@ -61,7 +61,8 @@ FAULTS = (
           "`clone(CLONE_PARENT)`: a middle child starts the session and exits"),
     Fault(SUPERVISOR, "die-after-launch", "each supervisor",
           "after starting its tasks, the supervisor SIGKILLs itself before writing the "
-          "`running` manifest (row 13b)"),
+          "`running` manifest (row 13b), once the test says go (it creates `launched.go` in "
+          "the run directory: until then the tasks are known to have started, not to have run)"),
     Fault(SUPERVISOR, "opener-dies", "each supervisor",
           "the forked output opener (section 10) exits without a word, as if it had been "
           "killed"),

@@ -136,8 +136,9 @@ class Claims(SupervisorState):
         for task in self.step.tasks:
             if task.pid:
                 self.emit("task_started", rank=task.rank, pid=task.pid)
-        if faults.supervisor_fault("die-after-launch"):
-            os.kill(os.getpid(), signal.SIGKILL)  # test-only: the crash window before "running"
+        if faults.supervisor_fault("die-after-launch"):  # test-only: the window before "running"
+            hold(self.rd.path, "launched")  # until the test has seen the tasks run
+            os.kill(os.getpid(), signal.SIGKILL)
         self.write_manifest()
         if ksm.ENABLED:
             self.timers.at(time.monotonic() + ksm.DELAY, ksm.mark_now)

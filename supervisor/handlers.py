@@ -5,7 +5,7 @@ in handlers_inspect.py (``info``, ``pids``, ``stats``, ``pmi``) and handlers_out
 (``output``, ``events``).
 
 Who may call what is decided per request from the kernel's credentials of the connecting peer
-(SO_PEERCRED at connect time: the door's, or ZeroMQ's ``Peer-Address`` on the agent's socket),
+(SO_PEERCRED at connect time, taken by whichever door the request came in by),
 never from anything in the message:
 
 - ``ANY`` local user: ``hello``, ``state``

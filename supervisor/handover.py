@@ -4,10 +4,13 @@ What must survive ``exec`` and how:
 - the pid, the children (the tasks, the adopted daemons) and the session: ``exec`` keeps them;
 - the run directory's lock: the locked fd is kept open (its CLOEXEC flag cleared), so the lock is
   never released, not even for an instant;
-- the socket: the supervisor binds its ROUTER on a listening AF_UNIX socket it created itself
-  (libzmq's ``ZMQ_USE_FD``) and keeps its own copy of that fd. Before ``exec`` the ROUTER is closed
-  (its replies flushed); connections not yet accepted wait in the listening socket's backlog and
-  the new process accepts them. Clients with an established connection see it close and reconnect
+- the sockets: the supervisor's two doors (the agent's in ctl/, everyone's at ``sock``) accept on
+  listening AF_UNIX sockets it created itself and keeps for its life (a door works on a copy of
+  the fd). Before ``exec`` the doors are closed (every reply is written as it is sent);
+  connections not yet accepted wait in the listening sockets' backlogs and the new process
+  accepts them. An image of release 0.4 or before serves the ctl socket with a ZeroMQ ROUTER
+  instead: the same listening socket, the same agents' DEALERs (both ways of an upgrade work).
+  Clients with an established connection see it close and reconnect
   (every tether client does, on a flat 10 ms interval); a request they sent into the closing
   connection is lost and times out, so everything parked (the agent's ``wait``, ``output`` and
   ``events`` followers) is answered first with ``upgrading: true``, and tether's clients ask again
@@ -36,10 +39,7 @@ import subprocess
 import sys
 from typing import TYPE_CHECKING, Any
 
-import zmq
-
 import tether
-from tether.shared import protocol
 
 if TYPE_CHECKING:
     from tether.supervisor.state import SupervisorState
@@ -67,18 +67,6 @@ def listen(path: str) -> int:
         s.close()
         raise
     return s.detach()
-
-
-def bind_router(ctx: zmq.Context[Any], path: str, listen_fd: int) -> zmq.Socket[Any]:
-    """The ROUTER on the kept listening socket. libzmq owns (and closes) the fd it is given,
-    so it gets a duplicate and ``listen_fd`` stays ours."""
-    sock: zmq.Socket[Any] = ctx.socket(zmq.ROUTER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
-    sock.setsockopt(zmq.MAXMSGSIZE, protocol.MAX_FRAME)
-    sock.setsockopt(zmq.USE_FD, os.dup(listen_fd))
-    sock.bind("ipc://" + path)
-    return sock
 
 
 def probe_installed() -> str:

@@ -3,7 +3,7 @@
 ``request_upgrade`` checks that the installed build starts; the loop then calls ``reexec``, which
 answers everything parked, hands the state across exec (handover.py) and execs; a failed exec
 carries on as before. The new image calls ``restore`` with that state before its loop starts.
-The listening sockets (ROUTER and door) stay open across the exec. A mixin of
+The listening sockets (the ctl door's and the door's) stay open across the exec. A mixin of
 ``service.Supervisor``; its state is ``state.py``'s.
 """
 
@@ -24,7 +24,7 @@ from tether.shared.door import Door
 from tether.shared.errors import LaunchError, StateError
 from tether.supervisor import handover
 from tether.supervisor.pmi_io import PmiChannels
-from tether.supervisor.state import CLOSE_LINGER_MS, IGNORED_SIGNALS, TERMINATING, SupervisorState
+from tether.supervisor.state import IGNORED_SIGNALS, TERMINATING, SupervisorState
 from tether.supervisor.step import Phase
 
 log = logging.getLogger("tether.supervisor")
@@ -81,10 +81,20 @@ class Reexec(SupervisorState):
         self.upgrade_requested = True
         return target
 
-    def router_path(self) -> str:
-        """Where the ROUTER listens: ``ctl/sock``; for an image resumed from before the doors,
-        ``sock``, where that one bound it (its listening socket came across the exec)."""
+    def ctl_path(self) -> str:
+        """Where the ctl door listens: ``ctl/sock``; for an image resumed from before the doors,
+        ``sock``, where that one bound its ROUTER (its listening socket came across the exec;
+        open to every user there, which a door is built for: each verb is authorized)."""
         return self.rd.ctl_sock if self.door_fd >= 0 else self.rd.sock
+
+    def open_ctl(self) -> Door:
+        """The agent's door on the kept listening socket. Until 0.5 a ZeroMQ ROUTER served it:
+        the agent's DEALER speaks ZMTP, which a door answers (zmtp.py), so agents of either
+        release drive this one; without it a supervisor starts no ZeroMQ context, none of its
+        two threads, and no thread hop per message (bench/README.md)."""
+        return Door(self.ctl_path(), self.timers, self.on_door_request, name="supervisor ctl",
+                    log=log, on_close=self.on_door_close, listen_fd=self.listen_fd,
+                    privileged=frozenset({0, os.getuid(), int(self.spec["agent_uid"])}))
 
     def open_door(self) -> Door | None:
         if self.door_fd < 0:
@@ -93,9 +103,8 @@ class Reexec(SupervisorState):
                     log=log, on_close=self.on_door_close, listen_fd=self.door_fd,
                     privileged=frozenset({0, os.getuid(), int(self.spec["agent_uid"])}))
 
-    def reexec(self, ctx: zmq.Context[Any]) -> zmq.Context[Any]:
+    def reexec(self) -> None:
         """Answer everything parked, hand the state over and exec. Returns only on failure."""
-        assert self.router is not None
         for p in self.waiters.take(None):
             self.reply(p.peer, protocol.ok(p.rid, {"done": False, "upgrading": True}))
         for f in self.followers.take(None):
@@ -112,13 +121,13 @@ class Reexec(SupervisorState):
         keep = handover.kept_fds(state, self.lock_fd)
         blocked = {signal.SIGCHLD, *TERMINATING, *IGNORED_SIGNALS}
         signal.pthread_sigmask(signal.SIG_BLOCK, blocked)
-        self.poller.unregister(self.router)
-        self.router.close(linger=CLOSE_LINGER_MS)  # the replies above leave first
-        ctx.term()
-        if self.door is not None:  # its listening socket stays open (door_fd) for the next image
-            self.poller.unregister(self.door.fileno())
-            self.door.close(unlink=False)
-            self.door = None
+        # the replies above were written as they were sent (Door.send); both listening sockets
+        # stay open (listen_fd, door_fd) for the next image
+        for door in (self.ctl, self.door):
+            if door is not None:
+                self.poller.unregister(door.fileno())
+                door.close(unlink=False)
+        self.ctl = self.door = None
         for fd in keep:
             os.set_inheritable(fd, True)
         log.info("re-executing into the installed tether (generation %d)", self.generation + 1)
@@ -129,11 +138,9 @@ class Reexec(SupervisorState):
         for fd in keep:
             os.set_inheritable(fd, False)
         os.close(state_fd)
-        ctx = zmq.Context()
-        self.router = handover.bind_router(ctx, self.router_path(), self.listen_fd)
-        self.poller.register(self.router, zmq.POLLIN)
+        self.ctl = self.open_ctl()
+        self.poller.register(self.ctl.fileno(), zmq.POLLIN)
         self.door = self.open_door()
         if self.door is not None:
             self.poller.register(self.door.fileno(), zmq.POLLIN)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, blocked)
-        return ctx

@@ -1,8 +1,9 @@
 """The supervisor's requests: both transports, one dispatch, and the /proc scans some wait for.
 
-The agent speaks on the ZeroMQ ROUTER in ctl/, people through the door; every request from either
-goes through ``handle`` into ``handlers.dispatch`` (one table, one authorization), and every reply
-leaves through ``reply`` on the transport it came in on. ``pids`` and ``stats`` need a /proc scan
+The agent speaks through the ctl door (``ctl/sock``, inside a 0700 directory), people through the
+door (``sock``); every request from either goes through ``handle`` into ``handlers.dispatch`` (one
+table, one authorization by the kernel's credentials of the connection), and every reply leaves
+through ``reply`` by the door it came in on. ``pids`` and ``stats`` need a /proc scan
 that begins after the request: it runs on a thread (sweeper.Scan) and the reply is computed on the
 loop when the scan is in. A mixin of ``service.Supervisor``; its state is ``state.py``'s.
 """
@@ -12,8 +13,8 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, cast
 
-from tether.shared import protocol, wire
-from tether.shared.door import answer
+from tether.shared import protocol
+from tether.shared.door import Door, answer
 from tether.shared.door_conn import Conn
 from tether.shared.errors import TetherError
 from tether.supervisor import handlers
@@ -31,12 +32,6 @@ SCAN_HOLD = 10.0
 class Requests(SupervisorState):
     """Both transports' requests, their replies and the /proc scans they wait for."""
 
-    def serve(self) -> None:
-        """The agent's requests, on the ZeroMQ ROUTER in ctl/."""
-        assert self.router is not None
-        while (msg := wire.receive(self.router)) is not None:
-            self.handle(*msg)
-
     def on_door_request(self, conn: Conn, req: protocol.Request) -> None:
         self.handle(conn, req)
 
@@ -49,7 +44,7 @@ class Requests(SupervisorState):
         """One request from either transport: the same verbs, the same authorization."""
         sup = cast("Supervisor", self)  # this part exists only mixed into a Supervisor
         answer(lambda: handlers.dispatch(sup, peer, req), req, peer,
-               lambda r: self.reply(peer, r), log, PENDING, self.door)
+               lambda r: self.reply(peer, r), log, PENDING, self.door_of(peer))
 
     def after_scan(self, peer: Peer, rid: protocol.RequestId, compute: ScanReply) -> None:
         """Answer a request with ``compute(processes)`` from a /proc scan that begins after
@@ -82,9 +77,14 @@ class Requests(SupervisorState):
             self.scan_seq += 1
             self.scans.start()
 
+    def door_of(self, peer: Conn) -> Door | None:
+        """The door ``peer`` came in by (a connection the ctl door dropped is no longer in its
+        table: the user door then takes the reply, and drops it as a closed connection's)."""
+        if self.ctl is not None and self.ctl.conns.get(peer.fd) is peer:
+            return self.ctl
+        return self.door
+
     def reply(self, peer: Peer, reply: protocol.Reply) -> None:
-        if isinstance(peer, Conn):
-            if self.door is not None:
-                self.door.send(peer, reply)
-        elif self.router is not None:
-            wire.send(self.router, peer, reply)
+        door = self.door_of(peer)
+        if door is not None:
+            door.send(peer, reply)

@@ -1,8 +1,10 @@
 """The supervisor's one event loop (I/O).
 
-Theory of operation. One thread polls three things: the ROUTER socket (agent, CLI, tools), the
-read end of a socketpair that signal handlers wake (``signal.set_wakeup_fd``: the handlers
-themselves do nothing), and a heap of timers. Nothing blocks anywhere else.
+Theory of operation. One thread polls: the two doors (the agent's in ctl/, everyone's at
+``sock``), the read end of a socketpair that signal handlers wake (``signal.set_wakeup_fd``: the
+handlers themselves do nothing), the PMI ranks' sockets, and a heap of timers. Nothing blocks
+anywhere else, and no other thread exists but for the short-lived ones a launch or a /proc scan
+starts.
 
 Races this loop is built around:
 - A task's exit and a request about it arrive in the same wake-up: signals are handled first, so
@@ -33,7 +35,6 @@ import signal
 import socket
 import stat
 import time
-from typing import Any
 
 import zmq
 
@@ -48,7 +49,7 @@ from tether.supervisor.reaping import Reaping
 from tether.supervisor.recording import Recording
 from tether.supervisor.reexec import Reexec
 from tether.supervisor.requests import Requests
-from tether.supervisor.state import CLOSE_LINGER_MS, IGNORED_SIGNALS, TERMINATING, killpg
+from tether.supervisor.state import IGNORED_SIGNALS, TERMINATING, killpg
 from tether.supervisor.step import Phase, signal_name
 from tether.supervisor.sweeper import hold
 from tether.supervisor.terminating import Terminating
@@ -75,9 +76,10 @@ class Supervisor(Requests, Claims, Terminating, Reaping, PmiLoop, Recording, Fol
             signal.signal(sig, _wake_only)
         # only now: a re-executed supervisor arrives with these blocked (handover.py)
         signal.pthread_sigmask(signal.SIG_SETMASK, [])
-        # ZeroMQ for the agent only, inside ctl/ (0700): no other user can even connect to it.
-        # People come through the door, where every request is authorized per verb. Both
-        # listening sockets are kept across an upgrade's exec (handover.py).
+        # The agent's door inside ctl/ (0700): no other user can even connect to it. People
+        # come through the door at ``sock``. Every request, on either, is authorized per verb
+        # by the kernel's credentials of its connection. Both listening sockets are kept
+        # across an upgrade's exec (handover.py).
         if self.listen_fd < 0:
             private_dir(self.rd.ctl)
             old_umask = os.umask(0o077)
@@ -87,13 +89,12 @@ class Supervisor(Requests, Claims, Terminating, Reaping, PmiLoop, Recording, Fol
                 os.umask(old_umask)
             self.door_fd = listen_socket(self.rd.sock)
         # Both sockets listen: the agent may connect now. Its connection waits in the kernel's
-        # backlog while ZeroMQ starts (the context's threads, the ROUTER on that socket), which
-        # the agent's own work to connect and say hello overlaps.
+        # backlog while the doors are set up, which the agent's own work to connect and say
+        # hello overlaps.
         self.signal_ready()
         if faults.supervisor_fault("hold-after-ready"):
             hold(self.rd.path, "ready")
-        ctx: zmq.Context[Any] = zmq.Context()
-        self.router = handover.bind_router(ctx, self.router_path(), self.listen_fd)
+        self.ctl = self.open_ctl()
         self.door = self.open_door()
         if self.resumed:
             self.write_manifest()
@@ -112,7 +113,7 @@ class Supervisor(Requests, Claims, Terminating, Reaping, PmiLoop, Recording, Fol
             log.info("ready on %s (%s start); waiting up to %gs for the agent's claim",
                      self.rd.sock, self.start_kind, self.spec["claim_timeout"])
         poller = self.poller
-        poller.register(self.router, zmq.POLLIN)
+        poller.register(self.ctl.fileno(), zmq.POLLIN)
         poller.register(wake_r, zmq.POLLIN)
         poller.register(self.sweeper.fileno(), zmq.POLLIN)
         poller.register(self.scans.fileno(), zmq.POLLIN)
@@ -125,8 +126,8 @@ class Supervisor(Requests, Claims, Terminating, Reaping, PmiLoop, Recording, Fol
                 try:
                     if wake_r.fileno() in events:
                         self.on_signals(wake_r)
-                    if self.router in events:
-                        self.serve()
+                    if self.ctl is not None and self.ctl.fileno() in events:
+                        self.ctl.service()
                     if self.door is not None and self.door.fileno() in events:
                         self.door.service()
                     if self.opener is not None and self.opener.fileno() in events:
@@ -137,7 +138,7 @@ class Supervisor(Requests, Claims, Terminating, Reaping, PmiLoop, Recording, Fol
                         self.scanned()
                     if self.upgrade_requested:
                         self.upgrade_requested = False
-                        ctx = self.reexec(ctx)  # returns only if exec failed
+                        self.reexec()  # returns only if exec failed
                     if self.channels is not None:
                         self.pmi_events(events)
                     self.timers.run_due(time.monotonic())
@@ -152,10 +153,10 @@ class Supervisor(Requests, Claims, Terminating, Reaping, PmiLoop, Recording, Fol
                     status = 3
                     break
         finally:
-            if self.door is not None:
-                self.door.close()
-            self.router.close(linger=CLOSE_LINGER_MS)
-            ctx.term()
+            # a reply is written as it is sent (Door.send): the last one (to ``ack``) has left
+            for door in (self.ctl, self.door):
+                if door is not None:
+                    door.close()  # and unlinks its socket's path, if it is still its own
             os.close(self.listen_fd)
             if self.door_fd >= 0:
                 os.close(self.door_fd)
@@ -165,8 +166,6 @@ class Supervisor(Requests, Claims, Terminating, Reaping, PmiLoop, Recording, Fol
             self.scans.close()
             if self.remove_rundir:
                 shutil.rmtree(self.rd.path, ignore_errors=True)
-            else:
-                _unlink(self.rd.ctl_sock)
         log.info("supervisor exits")
         return status
 
@@ -244,8 +243,3 @@ def reset_signal_dispositions(*, unblock: bool = True) -> None:
 
 def _wake_only(signum: int, frame: object) -> None:
     """The real work happens in the loop, woken through the wakeup fd."""
-
-
-def _unlink(path: str) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(path)

@@ -30,7 +30,6 @@ from tether.shared.paths import RunDir
 from tether.shared.procid import ProcId
 from tether.shared.step_cgroup import StepCgroup
 from tether.shared.timers import Timer, Timers
-from tether.shared.wire import Peer as WirePeer
 from tether.supervisor import introspect
 from tether.supervisor.launch import Launcher
 from tether.supervisor.opener import Opener, ThreadOpener
@@ -41,13 +40,12 @@ from tether.supervisor.sweeper import HOLD, HOLD_SCAN, PROC_SCAN, Scan, Sweeper,
 
 log = logging.getLogger("tether.supervisor")
 
-#: How long the final reply (to ack) may take to leave before the socket is dropped.
-CLOSE_LINGER_MS = 1000
 TERMINATING = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 IGNORED_SIGNALS = (signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 
-#: who sent a request: the agent on the ZeroMQ socket in ctl/, or anyone on the door
-Peer = WirePeer | Conn
+#: who sent a request: a connection to the ctl door (the agent) or to the door (anyone); its
+#: uid, gid and pid are the kernel's (SO_PEERCRED)
+Peer = Conn
 #: Returned by a handler (handlers.py) that will answer later: a long poll, a /proc scan.
 PENDING = object()
 #: computes a reply from a /proc scan's processes (``after_scan``)
@@ -131,7 +129,9 @@ class SupervisorState:
         self.claim_timer: Timer | None = None
         #: writes the ``ready`` manifest if no claim came soon (service.py); a claim cancels it
         self.ready_timer: Timer | None = None
-        self.router: zmq.Socket[Any] | None = None
+        #: the agent's door: ``ctl/sock`` (a 0700 directory), the listening socket ``listen_fd``
+        self.ctl: Door | None = None
+        #: everyone's door: ``sock``, the listening socket ``door_fd``
         self.door: Door | None = None
         self.follow_timer: Timer | None = None
         #: (peer key, verb) -> when a follower was last answered without ``ended``

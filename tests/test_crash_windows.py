@@ -18,10 +18,14 @@ from tether.shared.procid import ProcId, proc_stat
 def test_supervisor_dying_while_launching_is_lost_not_rerun(node: Node) -> None:
     node.start(env={"TETHER_SUPERVISOR_FAULT": "die-after-launch"})
     job = node.submit("sh", "-c", "echo ran >> runs.txt; sleep 300")
+    runs = os.path.join(node.work, "runs.txt")
+    # the supervisor holds after the launch until the task has run (the fault's go): without,
+    # the agent could kill the task before its first line, and nothing here would have run
+    poll_until(lambda: os.path.exists(runs), 10, "the task to have run")
+    with open(os.path.join(node.layout.run_dir(job, 1).path, "launched.go"), "w"):
+        pass
     j = node.wait_state(job, ("lost",))
     assert j["attempt"] == 1, "a launch that may have run must never be retried"
-    runs = os.path.join(node.work, "runs.txt")
-    poll_until(lambda: os.path.exists(runs), 10, "the task to have run")
     with open(runs) as f:
         assert f.read() == "ran\n"
     assert node.status()["cpus"]["allocated"] == 0
