@@ -81,7 +81,7 @@ FAULTS = (
           "report, by a scan of all of /proc on a thread, as on a kernel without "
           "`/proc/PID/task/TID/children` (`hold-sweep` implies it for the leftovers)"),
     Fault(SUPERVISOR, "hold-after-ready", "each supervisor",
-          "once it has sent the ready byte (both sockets listen, ZeroMQ not started yet), the "
+          "once it has sent the ready byte (both sockets listen, the doors not set up yet), the "
           "supervisor creates `ready.held` in the run directory and waits for `ready.go` there: "
           "the agent's connection and hello wait in the kernel's backlog meanwhile"),
     Fault(SUPERVISOR, "hold-after-task", "each supervisor",

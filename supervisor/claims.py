@@ -11,10 +11,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import select
 import signal
 import time
-
-import zmq
 
 from tether.shared import faults, protocol
 from tether.shared.errors import LaunchError, StateError
@@ -56,7 +55,7 @@ class Claims(SupervisorState):
         except (OSError, RuntimeError) as exc:  # fork, or a thread, refused
             self.opened(LaunchFailed(f"cannot start the output opener: {exc}"))
             return
-        self.poller.register(self.opener, zmq.POLLIN)
+        self.poller.register(self.opener, select.POLLIN)
         self.opener_timer = self.timers.at(time.monotonic() + OPEN_TIMEOUT, self.opener_late)
 
     def opener_ready(self) -> None:

@@ -9,15 +9,16 @@ error or a broken collective, each of which fails the step and kills its ranks. 
 from __future__ import annotations
 
 import logging
+import select
 import signal
 from typing import Any
-
-import zmq
 
 from tether.supervisor.pmi import Abort, Broken, Finalized, Output, ProtocolError, Send
 from tether.supervisor.state import SupervisorState, killpg
 
 log = logging.getLogger("tether.supervisor")
+
+_READABLE = select.POLLIN | select.POLLHUP | select.POLLERR
 
 
 class PmiLoop(SupervisorState):
@@ -28,9 +29,9 @@ class PmiLoop(SupervisorState):
         ours = [(fd, rank) for fd, rank in self.channels.fd_ranks().items() if fd in events]
         for fd, rank in ours:
             flags = events[fd]
-            if flags & zmq.POLLIN:
+            if flags & _READABLE:  # a hang-up or an error too: the read sees EOF or the error
                 self.handle_pmi(self.channels.readable(rank))
-            if flags & zmq.POLLOUT:
+            if flags & select.POLLOUT:
                 self.channels.flush(rank)
         if ours:
             self.sync_pmi_registrations()
@@ -40,17 +41,17 @@ class PmiLoop(SupervisorState):
         if self.channels is None:
             return
         want_write = self.channels.wants_write()
-        for rank, sock in list(self.pmi_socks.items()):
+        for rank, (sock, fd) in list(self.pmi_socks.items()):
             if self.channels.ours.get(rank) is not sock:
-                self.poller.unregister(sock)
+                self.poller.unregister(fd)  # before any socket registered below reuses it
                 del self.pmi_socks[rank]
         for rank, sock in self.channels.ours.items():
-            flags = zmq.POLLIN | (zmq.POLLOUT if rank in want_write else 0)
+            flags = select.POLLIN | (select.POLLOUT if rank in want_write else 0)
             if rank in self.pmi_socks:
                 self.poller.modify(sock, flags)
             else:
                 self.poller.register(sock, flags)
-                self.pmi_socks[rank] = sock
+                self.pmi_socks[rank] = (sock, sock.fileno())
 
     def handle_pmi(self, outputs: list[Output]) -> None:
         assert self.channels is not None

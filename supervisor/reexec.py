@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import logging
 import os
+import select
 import signal
 import socket
 import sys
 from typing import Any
-
-import zmq
 
 import tether
 from tether.shared import protocol
@@ -139,8 +138,8 @@ class Reexec(SupervisorState):
             os.set_inheritable(fd, False)
         os.close(state_fd)
         self.ctl = self.open_ctl()
-        self.poller.register(self.ctl.fileno(), zmq.POLLIN)
+        self.poller.register(self.ctl.fileno(), select.POLLIN)
         self.door = self.open_door()
         if self.door is not None:
-            self.poller.register(self.door.fileno(), zmq.POLLIN)
+            self.poller.register(self.door.fileno(), select.POLLIN)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, blocked)

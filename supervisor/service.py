@@ -30,13 +30,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import select
 import shutil
 import signal
 import socket
 import stat
 import time
-
-import zmq
 
 import tether
 from tether.shared import faults
@@ -113,12 +112,12 @@ class Supervisor(Requests, Claims, Terminating, Reaping, PmiLoop, Recording, Fol
             log.info("ready on %s (%s start); waiting up to %gs for the agent's claim",
                      self.rd.sock, self.start_kind, self.spec["claim_timeout"])
         poller = self.poller
-        poller.register(self.ctl.fileno(), zmq.POLLIN)
-        poller.register(wake_r, zmq.POLLIN)
-        poller.register(self.sweeper.fileno(), zmq.POLLIN)
-        poller.register(self.scans.fileno(), zmq.POLLIN)
+        poller.register(self.ctl.fileno(), select.POLLIN)
+        poller.register(wake_r, select.POLLIN)
+        poller.register(self.sweeper.fileno(), select.POLLIN)
+        poller.register(self.scans.fileno(), select.POLLIN)
         if self.door is not None:
-            poller.register(self.door.fileno(), zmq.POLLIN)
+            poller.register(self.door.fileno(), select.POLLIN)
         status = 0
         try:
             while self.running:

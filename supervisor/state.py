@@ -14,13 +14,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import select
 import signal
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
-
-import zmq
 
 from tether.shared import faults, protocol
 from tether.shared.door import Door
@@ -89,8 +88,11 @@ class SupervisorState:
         self.owner_uid = int(spec.get("uid", spec["agent_uid"]))
         #: the step's events, in order (``events`` verb): task started, task exited, step ended
         self.events: list[dict[str, Any]] = []
-        self.poller = zmq.Poller()
-        self.pmi_socks: dict[int, socket.socket] = {}  # rank -> our end, as registered
+        #: the loop's poller over plain fds (``select.poll``: a handful of them, none of ZeroMQ's)
+        self.poller = select.poll()
+        #: rank -> our end and its fd, as registered (the fd: the channel may have closed the
+        #: socket by the time it is unregistered, and the poller knows fds only)
+        self.pmi_socks: dict[int, tuple[socket.socket, int]] = {}
         self.timers = Timers()
         self.ident = ProcId.of(os.getpid())
         self.session = os.getsid(0)

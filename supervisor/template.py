@@ -25,7 +25,8 @@ before, and says so once.
 ``fork``), with the GIL held as ``os.fork`` holds it. What libc's ``fork`` adds, and why a
 single-threaded process without it is sound: its ``pthread_atfork`` handlers (none: of the
 shared objects this process maps, none imports ``pthread_atfork`` or ``__register_atfork``,
-libcrypto and libzmq included, by ``nm -D``), its malloc and stdio locks (taken only
+libcrypto included, by ``nm -D``; no supervisor module imports ZeroMQ, so libzmq is not
+mapped), its malloc and stdio locks (taken only
 when other threads exist: there are none), the robust-mutex list (none used) and the cached
 thread id in the child's thread descriptor (left at the template's; glibc reads it only for
 another thread's signals and for robust or priority-inheriting mutexes: ``raise`` and
@@ -37,9 +38,8 @@ What a supervisor must not inherit from here, and how it is prevented (``become_
   is closed, the template's socket and the request's connection included;
 - locks: the template has one thread, so no lock can be held by another thread at fork time;
 - threads: none exist to be lost (the fork-safety test checks ``Threads: 1``);
-- random state: ``random`` is reseeded from the kernel, and so is libc's ``rand()``, which
-  libzmq uses for ROUTER peer ids and never seeds itself (unforked supervisors all start from
-  glibc's default seed; these get distinct, unguessable sequences);
+- random state: ``random`` is reseeded from the kernel, and so is libc's ``rand()`` (no library
+  of a supervisor's seeds it: each gets a distinct, unguessable sequence, not glibc's default);
 - environment, umask, cwd: set from the request and ``/``; signal dispositions: this process
   resets them to the defaults once, at its start, and never handles a signal itself.
 

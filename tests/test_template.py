@@ -104,6 +104,12 @@ def test_forked_supervisor_is_detached_and_inherits_nothing(make_node: object) -
     ws, cs = status_of(w), status_of(c)
     for key in ("Threads", "SigBlk", "SigIgn", "SigCgt"):
         assert ws[key] == cs[key], f"{key}: warm {ws[key]} != cold {cs[key]}"
+    # no ZeroMQ in a supervisor, warm or cold: one thread, libzmq not even mapped (the agent's
+    # DEALER is answered by the ctl door)
+    for pid in (w, c):
+        assert status_of(pid)["Threads"] == "1"
+        with open(f"/proc/{pid}/maps") as f:
+            assert "libzmq" not in f.read()
 
     # and its task sees only stdin, stdout and stderr
     task = warm.running_manifest(jobs[warm])["tasks"][0]["pid"]
@@ -327,6 +333,7 @@ def test_clone_sibling_makes_a_child_of_its_callers_parent() -> None:
                          timeout=60, stdin=subprocess.DEVNULL)
     assert res.returncode == 0, res.stderr
     lines = dict((ln.split(" ", 1)) for ln in res.stdout.strip().splitlines())
+    assert "parent" in lines and "child" in lines, (res.stdout, res.stderr)
     caller, child = (int(x) for x in lines["parent"].split())
     try:
         pid, status = os.waitpid(child, 0)  # ours: ChildProcessError otherwise
