@@ -163,6 +163,7 @@ class Door:
                 sock.close()
                 continue
             conn = Conn(sock, uid, gid, pid)
+            conn.door = self
             self.conns[conn.fd] = conn
             self.caps.joined(conn)
             conn.mask = _IN

@@ -13,6 +13,10 @@ from itertools import count
 
 from tether.shared import framing, protocol, zmtp
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from tether.shared.door import Door
+
 
 class Conn:
     """One accepted connection; also the ``peer`` handlers see (uid, gid, pid from the kernel)."""
@@ -24,6 +28,9 @@ class Conn:
         self.fd = sock.fileno()
         self.uid, self.gid, self.pid = uid, gid, pid
         self.serial = next(self._serials)
+        #: the door that accepted it, which every reply to it goes through (a daemon may have
+        #: several: a supervisor's ctl door and its door)
+        self.door: Door | None = None
         #: length-prefixed frames, until the first byte says ZMTP (a tether 0.1 client)
         self.deframer: framing.Deframer | zmtp.Codec = framing.Deframer()
         self.fresh = True

@@ -86,20 +86,31 @@ class Reexec(SupervisorState):
         open to every user there, which a door is built for: each verb is authorized)."""
         return self.rd.ctl_sock if self.door_fd >= 0 else self.rd.sock
 
-    def open_ctl(self) -> Door:
-        """The agent's door on the kept listening socket. Until 0.5 a ZeroMQ ROUTER served it:
-        the agent's DEALER speaks ZMTP, which a door answers (zmtp.py), so agents of either
-        release drive this one; without it a supervisor starts no ZeroMQ context, none of its
+    def open_doors(self) -> None:
+        """Both doors on their kept listening sockets, polled: the agent's (the ctl door) and
+        everyone's (none for an image resumed from before the doors). Until 0.5 a ZeroMQ ROUTER
+        served the agent's: its DEALER speaks ZMTP, which a door answers (zmtp.py), so agents of
+        either release drive this one, and a supervisor starts no ZeroMQ context, none of its
         two threads, and no thread hop per message (bench/README.md)."""
-        return Door(self.ctl_path(), self.timers, self.on_door_request, name="supervisor ctl",
-                    log=log, on_close=self.on_door_close, listen_fd=self.listen_fd,
-                    privileged=frozenset({0, os.getuid(), int(self.spec["agent_uid"])}))
+        self.ctl = self._door(self.ctl_path(), self.listen_fd, "supervisor ctl")
+        self.poller.register(self.ctl.fileno(), select.POLLIN)
+        if self.door_fd >= 0:
+            self.door = self._door(self.rd.sock, self.door_fd, "supervisor door")
+            self.poller.register(self.door.fileno(), select.POLLIN)
 
-    def open_door(self) -> Door | None:
-        if self.door_fd < 0:
-            return None
-        return Door(self.rd.sock, self.timers, self.on_door_request, name="supervisor door",
-                    log=log, on_close=self.on_door_close, listen_fd=self.door_fd,
+    def close_doors(self, *, unlink: bool) -> None:
+        """Every connection closed (each reply was written as it was sent); the listening
+        sockets stay open: ours for life, and across an exec for the next image. ``unlink``
+        their paths (if still theirs) unless that image is to listen there."""
+        for door in (self.ctl, self.door):
+            if door is not None:
+                self.poller.unregister(door.fileno())
+                door.close(unlink=unlink)
+        self.ctl = self.door = None
+
+    def _door(self, path: str, listen_fd: int, name: str) -> Door:
+        return Door(path, self.timers, self.on_door_request, name=name, log=log,
+                    on_close=self.on_door_close, listen_fd=listen_fd,
                     privileged=frozenset({0, os.getuid(), int(self.spec["agent_uid"])}))
 
     def reexec(self) -> None:
@@ -120,13 +131,7 @@ class Reexec(SupervisorState):
         keep = handover.kept_fds(state, self.lock_fd)
         blocked = {signal.SIGCHLD, *TERMINATING, *IGNORED_SIGNALS}
         signal.pthread_sigmask(signal.SIG_BLOCK, blocked)
-        # the replies above were written as they were sent (Door.send); both listening sockets
-        # stay open (listen_fd, door_fd) for the next image
-        for door in (self.ctl, self.door):
-            if door is not None:
-                self.poller.unregister(door.fileno())
-                door.close(unlink=False)
-        self.ctl = self.door = None
+        self.close_doors(unlink=False)  # the replies above have been written
         for fd in keep:
             os.set_inheritable(fd, True)
         log.info("re-executing into the installed tether (generation %d)", self.generation + 1)
@@ -137,9 +142,5 @@ class Reexec(SupervisorState):
         for fd in keep:
             os.set_inheritable(fd, False)
         os.close(state_fd)
-        self.ctl = self.open_ctl()
-        self.poller.register(self.ctl.fileno(), select.POLLIN)
-        self.door = self.open_door()
-        if self.door is not None:
-            self.poller.register(self.door.fileno(), select.POLLIN)
+        self.open_doors()
         signal.pthread_sigmask(signal.SIG_UNBLOCK, blocked)

@@ -14,7 +14,7 @@ import logging
 from typing import TYPE_CHECKING, cast
 
 from tether.shared import protocol
-from tether.shared.door import Door, answer
+from tether.shared.door import answer
 from tether.shared.door_conn import Conn
 from tether.shared.errors import TetherError
 from tether.supervisor import handlers
@@ -44,7 +44,7 @@ class Requests(SupervisorState):
         """One request from either transport: the same verbs, the same authorization."""
         sup = cast("Supervisor", self)  # this part exists only mixed into a Supervisor
         answer(lambda: handlers.dispatch(sup, peer, req), req, peer,
-               lambda r: self.reply(peer, r), log, PENDING, self.door_of(peer))
+               lambda r: self.reply(peer, r), log, PENDING, peer.door)
 
     def after_scan(self, peer: Peer, rid: protocol.RequestId, compute: ScanReply) -> None:
         """Answer a request with ``compute(processes)`` from a /proc scan that begins after
@@ -77,14 +77,7 @@ class Requests(SupervisorState):
             self.scan_seq += 1
             self.scans.start()
 
-    def door_of(self, peer: Conn) -> Door | None:
-        """The door ``peer`` came in by (a connection the ctl door dropped is no longer in its
-        table: the user door then takes the reply, and drops it as a closed connection's)."""
-        if self.ctl is not None and self.ctl.conns.get(peer.fd) is peer:
-            return self.ctl
-        return self.door
-
     def reply(self, peer: Peer, reply: protocol.Reply) -> None:
-        door = self.door_of(peer)
-        if door is not None:
-            door.send(peer, reply)
+        """By the door ``peer`` came in by (one closed since drops it, as its connection's)."""
+        if peer.door is not None:
+            peer.door.send(peer, reply)

@@ -93,8 +93,7 @@ class Supervisor(Requests, Claims, Terminating, Reaping, PmiLoop, Recording, Fol
         self.signal_ready()
         if faults.supervisor_fault("hold-after-ready"):
             hold(self.rd.path, "ready")
-        self.ctl = self.open_ctl()
-        self.door = self.open_door()
+        self.open_doors()
         if self.resumed:
             self.write_manifest()
             log.info("re-executed as tether %s (was %s), generation %d; serving %s again",
@@ -112,12 +111,9 @@ class Supervisor(Requests, Claims, Terminating, Reaping, PmiLoop, Recording, Fol
             log.info("ready on %s (%s start); waiting up to %gs for the agent's claim",
                      self.rd.sock, self.start_kind, self.spec["claim_timeout"])
         poller = self.poller
-        poller.register(self.ctl.fileno(), select.POLLIN)
         poller.register(wake_r, select.POLLIN)
         poller.register(self.sweeper.fileno(), select.POLLIN)
         poller.register(self.scans.fileno(), select.POLLIN)
-        if self.door is not None:
-            poller.register(self.door.fileno(), select.POLLIN)
         status = 0
         try:
             while self.running:
@@ -152,10 +148,7 @@ class Supervisor(Requests, Claims, Terminating, Reaping, PmiLoop, Recording, Fol
                     status = 3
                     break
         finally:
-            # a reply is written as it is sent (Door.send): the last one (to ``ack``) has left
-            for door in (self.ctl, self.door):
-                if door is not None:
-                    door.close()  # and unlinks its socket's path, if it is still its own
+            self.close_doors(unlink=True)  # the last reply (to ``ack``) has been written
             os.close(self.listen_fd)
             if self.door_fd >= 0:
                 os.close(self.door_fd)
