@@ -86,6 +86,7 @@ def status(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
     out["jobs"] = agent.db.counts()
     out["cgroup"] = agent.contain.status()
     out["db_syncs"] = agent.db.syncs  # group commit: fsyncs of the database so far
+    out["hwloc_xml"] = agent.topology.ready  # None until gathered, or when off or failed
     return out
 
 

@@ -36,6 +36,8 @@ class AgentConfig:
     default_memory_mb: int = 0
     #: warm supervisors mark their own pages for kernel same-page merging (``--ksm``)
     ksm: bool = False
+    #: whose tasks load the node's topology from hwloc XML: pmi, all or off (topology.py)
+    hwloc_xml: str = "pmi"
 
 
 class AgentError(Exception):

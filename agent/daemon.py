@@ -58,6 +58,7 @@ from tether.agent.poller import Poller
 from tether.agent.scheduler import Scheduler
 from tether.agent.spawn import Spawner
 from tether.agent.syncer import Syncer
+from tether.agent.topology import Topology
 from tether.shared.door import Door
 from tether.shared.faults import agent_fault
 from tether.shared.parking import Lot
@@ -94,6 +95,9 @@ class Agent:
         self.door: Door | None = None
         #: slow calls (user lookups, checks run as the user) off the loop
         self.offload = Offload()
+        #: the node's hwloc XML for MPI ranks, gathered once the agent serves
+        self.topology = Topology(self.layout.topology, cfg.hwloc_xml,
+                                 missing=agent_fault(cfg.faults, "no-lstopo"))
         #: group commit: fsyncs the database for each turn's held actions, off the loop
         self.syncer = Syncer(lambda: self.db.fsync_wal(), self.before_sync)
         self.sync_failed = False
@@ -206,6 +210,9 @@ class Agent:
             self.poller.register(self.door.fileno(), zmq.POLLIN)
             self.poller.register(self.offload.fileno(), zmq.POLLIN)
             self.poller.register(self.syncer.fileno(), zmq.POLLIN)
+            if self.cfg.hwloc_xml != "off":
+                self.offload.aside(self.topology.gather, self.topology.gathered,
+                                   "tether-topology")
             log.info("agent serving on %s after %.0f ms (node %s, %d CPUs, %d GPUs, %d MB)",
                      self.layout.sock, (time.monotonic() - t0) * 1000, self.cfg.node,
                      len(self.cfg.cpu_ids), self.cfg.gpus, self.cfg.memory_mb)

@@ -125,6 +125,9 @@ def spec_of(agent: Agent, job: Job) -> dict[str, Any]:
         # computed, no I/O: safe on the spawner's worker thread
         "cgroup": agent.contain.plan(job.id, job.attempt, job.memory_mb),
     }
+    xml = agent.topology.for_step(job.pmi)
+    if xml is not None:
+        spec["hwloc_xml"] = xml  # the tasks load it (topology.py)
     if job.time_limit is not None:
         spec["time_limit"] = job.time_limit  # the supervisor enforces it (survives us)
     if job.array_id is not None:

@@ -50,6 +50,18 @@ class Offload:
             raise Busy(f"the agent is busy with {self.queue.maxsize} other {what}; "
                        "try again") from None
 
+    def aside(self, call: Callable[[], Any], done: Done, name: str) -> None:
+        """Run ``call`` on a thread of its own, for a call that may take long and must not hold
+        up the queue's (the node's topology at start); ``done`` runs on the loop as above."""
+        def work() -> None:
+            try:
+                self.results.append((done, call(), None))
+            except BaseException as exc:
+                self.results.append((done, None, exc))
+            self.wakeup.kick()
+
+        threading.Thread(target=work, name=name, daemon=True).start()
+
     def service(self) -> None:
         """Run the callbacks of finished calls (on the loop)."""
         self.wakeup.drain()

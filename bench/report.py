@@ -103,6 +103,10 @@ def table(r: dict[str, Any]) -> list[str]:
                      f"{med(mpi['mpiexec'])})" + vs(mpi["tether"]["median"],
                                                     mpi.get("srun", {}).get("median"), "srun"),
                      "<= 1.3x mpiexec", xpy(mpi, "tether")))
+        if "mpiexec_xml" in mpi:
+            rows.append(("the same, mpiexec given tether's hwloc XML", "-",
+                         f"{mpi['x_mpiexec_xml']}x mpiexec {med(mpi['mpiexec_xml'])}", "",
+                         "what the ranks' loading the node's topology is worth"))
     out = ["| figure | Slurm | tether | goal | reference |", "|---|---|---|---|---|"]
     out += [f"| {a} | {b} | {c} | {d} | {e} |" for a, b, c, d, e in rows]
     return out
@@ -197,7 +201,8 @@ def report(r: dict[str, Any]) -> str:
         if "skipped" in mpi:
             out.append(f"  skipped: {mpi['skipped']}")
         else:
-            out += [f"  {k:<8} {fmt(mpi[k])}" for k in ("tether", "mpiexec", "srun", "python")
+            out += [f"  {k:<11} {fmt(mpi[k])}" for k in ("tether", "mpiexec", "mpiexec_xml", "srun",
+                                                  "python")
                     if k in mpi]
     if r.get("error"):
         out += ["", f"ERROR: {r['error']}"]

@@ -43,7 +43,7 @@ def agent(state_dir: str, ns: argparse.Namespace) -> int:
         default_time=ns.default_time, max_time=ns.max_time,
         claim_timeout=ns.claim_timeout, linger=ns.linger, cgroup=ns.cgroup,
         cgroup_base=ns.cgroup_base or default_base(os.path.abspath(state_dir)),
-        default_memory_mb=ns.default_memory_mb, ksm=ns.ksm,
+        default_memory_mb=ns.default_memory_mb, ksm=ns.ksm, hwloc_xml=ns.hwloc_xml,
         faults=agent_faults(),
         cluster=agent_cluster(ns),
     )

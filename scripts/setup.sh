@@ -8,6 +8,7 @@
 #   bash scripts/setup.sh --tests  also what the tests need (scripts/test.sh): pytest, ruff and
 #                                  mypy in .venv, and from Debian mpich, libmpich-dev and
 #                                  libpmi2-0-dev (real MPI and PMI-2 clients for the PMI tests),
+#                                  hwloc-nox (lstopo: the node's topology for MPI ranks),
 #                                  postgresql (the cluster tests' server), zsh (the zsh
 #                                  completion is loaded by a real zsh), groff-base
 #                                  (the man page is rendered) and tmux (`tether top` runs in a
@@ -23,7 +24,7 @@ target="."
 case "${1:-}" in
     "") ;;
     --cluster) packages+=(postgresql);;
-    --tests) packages+=(mpich libmpich-dev libpmi2-0-dev postgresql zsh groff-base tmux systemd)
+    --tests) packages+=(mpich libmpich-dev libpmi2-0-dev hwloc-nox postgresql zsh groff-base tmux systemd)
              target=".[test]";;
     *) echo "usage: bash scripts/setup.sh [--cluster|--tests]" >&2; exit 2;;
 esac

@@ -55,6 +55,9 @@ FAULTS = (
     Fault(AGENT, "no-template", "the agent",
           "no supervisor template: every supervisor starts cold (tests and benchmarks compare "
           "the two)"),
+    Fault(AGENT, "no-lstopo", "the agent",
+          "hwloc's `lstopo` is taken to be missing, as on a node without hwloc's tools: no "
+          "topology XML, and MPI ranks discover the topology themselves"),
     Fault(AGENT, "template-forks-twice", "the supervisor template (it inherits the agent's "
           "environment)",
           "the template forks each supervisor twice, as where the kernel refuses "

@@ -5,12 +5,14 @@
     <state_dir>/tether.db           SQLite: intent and history (agent only)
     <state_dir>/supervisors.log     supervisors' stderr, appended
     <state_dir>/template.sock       the warm supervisor template (SOCK_SEQPACKET, 0600)
+    <state_dir>/topology.xml        the node's hwloc topology, for MPI ranks to load (0644)
     <state_dir>/run/<job>.<attempt>/
         lock       flock: taken by the agent before spawning, inherited and held by the supervisor
         spec.json  what to run, written by the agent before the spawn
         sock       the supervisor's door (plain AF_UNIX, any local user)
         ctl/       0700: only the agent's uid may enter
-            sock   the supervisor's ZeroMQ ROUTER, for the agent (tether 0.1: ``sock`` above)
+            sock   the supervisor's ctl door, ZMTP for the agent's DEALER (tether 0.1: ``sock``
+                   above; 0.2-0.4 served it with a ZeroMQ ROUTER)
         manifest.json  identities and phase, written by the supervisor (ready, launching, running)
         exit.json  the exit sentinel, written once the last task is reaped
 
@@ -124,6 +126,10 @@ class Layout(Frozen):
     @property
     def template_sock(self) -> str:
         return os.path.join(self.state_dir, "template.sock")
+
+    @property
+    def topology(self) -> str:
+        return os.path.join(self.state_dir, "topology.xml")
 
     @property
     def supervisor_log(self) -> str:

@@ -135,6 +135,9 @@ def read_spec(path: str) -> dict[str, Any]:
         raise RecordError(f"{path}: 'affinity' must hold one CPU list per task")
     if not all(isinstance(k, str) and isinstance(v, str) for k, v in spec["env"].items()):
         raise RecordError(f"{path}: 'env' must map strings to strings")
+    xml = spec.get("hwloc_xml")
+    if xml is not None and not (isinstance(xml, str) and os.path.isabs(xml) and "\0" not in xml):
+        raise RecordError(f"{path}: 'hwloc_xml' must be an absolute path")
     if "uid" in spec:
         _need(path, spec, {"uid": int, "gid": int, "user": str, "home": str})
         _int_list(path, spec, "groups")

@@ -47,6 +47,9 @@ def task_env(spec: dict[str, Any], rank: int) -> dict[str, str]:
         "TETHER_JOB_NAME": spec["name"],
         "TETHER_CPUS": ",".join(str(c) for c in cpus[rank * per:(rank + 1) * per]),
     })
+    xml = spec.get("hwloc_xml")
+    if xml and "HWLOC_XMLFILE" not in env:  # the job's own choice wins (agent/topology.py)
+        env.update(HWLOC_XMLFILE=xml, HWLOC_THISSYSTEM="1", HWLOC_THISSYSTEM_ALLOWED_RESOURCES="1")
     array = spec.get("array")
     if isinstance(array, dict):
         env["TETHER_ARRAY_JOB_ID"] = str(array.get("id"))
