@@ -97,6 +97,10 @@ FAULTS = (
     Fault("TETHER_AUDIT_IMPORTS", "1", "each supervisor",
           "an audit hook logs `late import of M after start-up` to `supervisors.log` for any "
           "module imported once start-up is over"),
+    Fault("TETHER_RECORD_LOOKUPS", "DIR", "each supervisor forked from the template",
+          "writes `DIR/PID.lookups` as it exits: the (type, attribute name) entries of its "
+          "CPython type attribute cache (`python -m bench.hotcode` makes the list the template "
+          "fills the cache with from them)"),
     Fault("TETHER_RECORD_CALLS", "DIR", "each supervisor forked from the template",
           "writes `DIR/PID.calls` as it exits: every function it ran, in the order it first "
           "ran them (`python -m bench.hotcode` makes the list the template packs from them)"),

@@ -48,9 +48,12 @@ writes to every object it touches (reference counts), so each page a forked supe
 becomes a private copy of its own. This process therefore does, once and before it forks, what
 every supervisor would otherwise do for itself (argument parsing is skipped: ``entry.start``;
 logging is configured here), packs the code objects supervisors run onto few pages
-(hotcode.py), and empties CPython's type attribute cache before it freezes: a child's cache
-misses would otherwise each evict an entry and write to the evicted attribute name's page, at
-random across the whole heap (bench/README.md has the figures).
+(hotcode.py), fills the partly used pools of CPython's small-object allocator so that a
+child's first allocations do not land in holes all over the template's pages (poolfill.py),
+and empties CPython's type attribute cache, then fills it with what supervisors look up
+(typecache.py): a child's cache misses would otherwise each write to the looked-up name's
+page, and an eviction to the evicted name's, at random across the whole heap (bench/README.md
+has the figures).
 
 Same-page merging (``agent --ksm``, off by default: docs/operations.md). Most of the pages a
 supervisor copies end up byte-identical to another supervisor's (the same reference counts
@@ -89,7 +92,7 @@ import tether.supervisor.__main__ as entry
 import tether.supervisor.pmi_io  # noqa: F401  (everything a supervisor may load, loaded now)
 from tether.shared import faults, template_wire
 from tether.shared.template_wire import TemplateError
-from tether.supervisor import hotcode, hotcode_list, ksm
+from tether.supervisor import hotcode, hotcode_list, ksm, poolfill, typecache
 from tether.supervisor.service import reset_signal_dispositions
 
 log = logging.getLogger("tether.template")
@@ -161,14 +164,19 @@ def main(argv: list[str] | None = None) -> int:
     global _environ
     _environ = dict(os.environ)
     packed = hotcode.pack(hotcode_list.HOT)
-    log.info("supervisor template %s ready on %s (%d functions' code packed)", identity,
-             args.socket, packed)
-    sys.stderr.flush()
+    lookups = typecache.prepare(hotcode_list.LOOKUPS)
     gc.collect()
-    sys._clear_type_cache()  # (see the module's docstring: Memory)
+    filled = poolfill.fill()  # (see the module's docstring: Memory)
+    typecache.warm([])  # its own lookups (ctypes'), before the cache is emptied
+    sys._clear_type_cache()
+    warmed = typecache.warm(lookups)
     if args.ksm:
         ksm.ENABLED = True  # each supervisor marks its own copies once its step runs (ksm.py)
     gc.freeze()  # from here on the collector leaves the imported world's pages alone
+    log.info("supervisor template %s ready on %s (%d functions' code packed, %d pool holes "
+             "filled, %d of %d type lookups made)", identity, args.socket, packed, filled,
+             warmed, len(hotcode_list.LOOKUPS))
+    sys.stderr.flush()
     sock.settimeout(CHECK_INTERVAL)
     while True:
         try:
@@ -333,6 +341,9 @@ def become_supervisor(run_dir: str, env: dict[str, str], umask: int, lock_fd: in
     record_to = env.get(hotcode.RECORD)
     if record_to:
         hotcode.record()
+    lookups_to = env.get(typecache.RECORD)
+    if lookups_to:
+        typecache.locate()  # now: finding the cache looks things up too
     try:
         after_fork(keep=(lock_fd, ready_fd), log_fd=log_fd)
         os.chdir("/")
@@ -352,6 +363,9 @@ def become_supervisor(run_dir: str, env: dict[str, str], umask: int, lock_fd: in
         with contextlib.suppress(Exception):
             sys.stdout.flush()
             sys.stderr.flush()
+        if lookups_to:
+            with contextlib.suppress(Exception):
+                typecache.write_record(lookups_to)  # first: the cache as the step left it
         if record_to:
             with contextlib.suppress(Exception):
                 hotcode.write_record(record_to)
