@@ -558,8 +558,8 @@ def bench_steps(root: str, steps: int, idle: float, restarts: int,
     if rounds:
         out["restart_median_log_ms"] = statistics.median(
             r["agent_log_serving_ms"] or 0 for r in rounds)
-        out["restart_median_status_ms"] = statistics.median(
-            r["popen_to_status_ms"] for r in rounds)
+        out["restart_median_status_ms"] = round(statistics.median(
+            r["popen_to_status_ms"] for r in rounds), 1)  # the median of two is their mean
     # every job still running, under the same supervisor
     after = supervisors_of(agent, ids)
     out["same_supervisors_after_restarts"] = after == sups
