@@ -90,7 +90,7 @@ import setproctitle
 
 import tether.supervisor.__main__ as entry
 import tether.supervisor.pmi_io  # noqa: F401  (everything a supervisor may load, loaded now)
-from tether.shared import faults, template_wire
+from tether.shared import faults, procid, template_wire
 from tether.shared.template_wire import TemplateError
 from tether.supervisor import hotcode, hotcode_list, ksm, poolfill, typecache
 from tether.supervisor.service import reset_signal_dispositions
@@ -163,6 +163,10 @@ def main(argv: list[str] | None = None) -> int:
     setproctitle.setproctitle(f"tether-template dir={os.path.dirname(args.socket)}")
     global _environ
     _environ = dict(os.environ)
+    # Read once here and cached: every supervisor's identity needs it, and a first text-mode
+    # open in each (the io and codecs machinery run for the first time) copied ~50 kB more of
+    # this process's pages into it (bench/README.md). A reboot ends this process anyway.
+    procid.boot_id()
     packed = hotcode.pack(hotcode_list.HOT)
     lookups = typecache.prepare(hotcode_list.LOOKUPS)
     gc.collect()
