@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import shutil
@@ -347,3 +348,21 @@ def _kill(pid: int) -> None:
         os.kill(pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
+
+
+def one_step_record(node: Node, variable: str, suffix: str) -> list[str]:
+    """Start ``node``'s agent with ``variable`` naming a scratch directory (a recording switch
+    of shared/faults.py), run one short step under a supervisor forked from the template, and
+    return the lines of the ``PID<suffix>`` record it wrote there as it exited."""
+    out = tempfile.mkdtemp(dir="/tmp", prefix="ttrec")
+    try:
+        node.start(env={variable: out})
+        node.wait_template()
+        job = node.submit("sleep", "0.2")
+        assert node.wait_end(job)["state"] == "completed"
+        records = poll_until(lambda: glob.glob(os.path.join(out, "*" + suffix)), 30,
+                             f"the supervisor to write its {suffix} record as it exits")
+        with open(records[0]) as f:
+            return f.read().splitlines()
+    finally:
+        shutil.rmtree(out, ignore_errors=True)

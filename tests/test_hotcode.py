@@ -3,13 +3,10 @@ still names what a supervisor runs, and packing moves that code together without
 
 from __future__ import annotations
 
-import glob
-import os
 import subprocess
 import sys
-import tempfile
 
-from tests.helpers import Node, poll_until
+from tests.helpers import Node, one_step_record
 from tether.supervisor.hotcode import RECORD
 from tether.supervisor.hotcode_list import HOT
 
@@ -19,26 +16,13 @@ COVERED = 0.9
 
 
 def test_the_list_names_what_a_supervisor_runs(node: Node) -> None:
-    out = tempfile.mkdtemp(dir="/tmp", prefix="thc")
-    try:
-        node.start(env={RECORD: out})
-        node.wait_template()
-        job = node.submit("sleep", "0.2")
-        assert node.wait_end(job)["state"] == "completed"
-        records = poll_until(lambda: glob.glob(os.path.join(out, "*.calls")), 30,
-                             "the supervisor to write what it ran as it exits")
-        with open(records[0]) as f:
-            ran = f.read().split()
-        assert "tether.supervisor.__main__:start" in ran  # from its fork on
-        assert "tether.supervisor.reaping:Reaping.reap" in ran  # to its end
-        missing = [name for name in ran if name not in set(HOT)]
-        assert len(missing) <= (1 - COVERED) * len(ran), (
-            f"{len(missing)} of the {len(ran)} functions a supervisor ran are not in "
-            f"supervisor/hotcode_list.py: run python -m bench.hotcode ({missing[:10]})")
-    finally:
-        for path in glob.glob(os.path.join(out, "*")):
-            os.unlink(path)
-        os.rmdir(out)
+    ran = one_step_record(node, RECORD, ".calls")
+    assert "tether.supervisor.__main__:start" in ran  # from its fork on
+    assert "tether.supervisor.reaping:Reaping.reap" in ran  # to its end
+    missing = [name for name in ran if name not in set(HOT)]
+    assert len(missing) <= (1 - COVERED) * len(ran), (
+        f"{len(missing)} of the {len(ran)} functions a supervisor ran are not in "
+        f"supervisor/hotcode_list.py: run python -m bench.hotcode ({missing[:10]})")
 
 
 PACK_PROBE = r"""

@@ -5,14 +5,11 @@ and fails where the step it checks is left out."""
 
 from __future__ import annotations
 
-import glob
-import os
 import re
 import subprocess
 import sys
-import tempfile
 
-from tests.helpers import Node, poll_until
+from tests.helpers import Node, one_step_record
 from tether.supervisor.hotcode_list import LOOKUPS
 from tether.supervisor.typecache import RECORD
 
@@ -75,28 +72,15 @@ def test_a_warmed_lookup_writes_nothing_and_a_cold_one_takes_its_name() -> None:
 
 
 def test_the_lookup_list_names_what_a_supervisor_looks_up(node: Node) -> None:
-    out = tempfile.mkdtemp(dir="/tmp", prefix="ttl")
-    try:
-        node.start(env={RECORD: out})
-        node.wait_template()
-        with open(node.layout.supervisor_log) as f:
-            made = re.search(r"(\d+) of (\d+) type lookups made", f.read())
-        assert made is not None
-        assert int(made.group(1)) >= 0.9 * int(made.group(2)) == 0.9 * len(LOOKUPS), (
-            "types in supervisor/hotcode_list.py's LOOKUPS are gone: run python -m bench.hotcode")
-        job = node.submit("sleep", "0.2")
-        assert node.wait_end(job)["state"] == "completed"
-        records = poll_until(lambda: glob.glob(os.path.join(out, "*.lookups")), 30,
-                             "the supervisor to write its cache's lookups as it exits")
-        with open(records[0]) as f:
-            cached = {tuple(line.split(" ", 1)) for line in f.read().splitlines()}
-        assert ("types:ModuleType", "getpid") in cached  # e.g. os.getpid
-        assert len(cached) > 300
-        missing = cached - set(LOOKUPS)
-        assert len(missing) <= (1 - COVERED) * len(cached), (
-            f"{len(missing)} of the {len(cached)} lookups a supervisor left cached are not in "
-            f"supervisor/hotcode_list.py: run python -m bench.hotcode ({sorted(missing)[:10]})")
-    finally:
-        for path in glob.glob(os.path.join(out, "*")):
-            os.unlink(path)
-        os.rmdir(out)
+    cached = {tuple(line.split(" ", 1)) for line in one_step_record(node, RECORD, ".lookups")}
+    assert ("types:ModuleType", "getpid") in cached  # e.g. os.getpid
+    assert len(cached) > 300
+    missing = cached - set(LOOKUPS)
+    assert len(missing) <= (1 - COVERED) * len(cached), (
+        f"{len(missing)} of the {len(cached)} lookups a supervisor left cached are not in "
+        f"supervisor/hotcode_list.py: run python -m bench.hotcode ({sorted(missing)[:10]})")
+    with open(node.layout.supervisor_log) as f:
+        made = re.search(r"(\d+) of (\d+) type lookups made", f.read())
+    assert made is not None
+    assert int(made.group(1)) >= 0.9 * int(made.group(2)) == 0.9 * len(LOOKUPS), (
+        "types in supervisor/hotcode_list.py's LOOKUPS are gone: run python -m bench.hotcode")
