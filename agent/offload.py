@@ -53,14 +53,7 @@ class Offload:
     def aside(self, call: Callable[[], Any], done: Done, name: str) -> None:
         """Run ``call`` on a thread of its own, for a call that may take long and must not hold
         up the queue's (the node's topology at start); ``done`` runs on the loop as above."""
-        def work() -> None:
-            try:
-                self.results.append((done, call(), None))
-            except BaseException as exc:
-                self.results.append((done, None, exc))
-            self.wakeup.kick()
-
-        threading.Thread(target=work, name=name, daemon=True).start()
+        threading.Thread(target=self._run, args=(call, done), name=name, daemon=True).start()
 
     def service(self) -> None:
         """Run the callbacks of finished calls (on the loop)."""
@@ -80,9 +73,12 @@ class Offload:
 
     def _work(self) -> None:
         while (item := self.queue.get()) is not None:
-            call, done = item
-            try:
-                self.results.append((done, call(), None))
-            except BaseException as exc:  # handed to the loop, which decides
-                self.results.append((done, None, exc))
-            self.wakeup.kick()
+            self._run(*item)
+
+    def _run(self, call: Callable[[], Any], done: Done) -> None:
+        """On a worker: the call, its result or error handed to the loop, which decides."""
+        try:
+            self.results.append((done, call(), None))
+        except BaseException as exc:
+            self.results.append((done, None, exc))
+        self.wakeup.kick()

@@ -80,6 +80,7 @@ from tether.shared import records, template_wire  # noqa: E402
 from tether.shared.client import Client  # noqa: E402
 from tether.shared.errors import TetherError  # noqa: E402
 from tether.shared.paths import Layout  # noqa: E402
+from tether.supervisor.launch import hwloc_env  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 #: the machine-speed reference: the interpreter tether itself runs on (not a pyenv shim on PATH)
@@ -612,8 +613,7 @@ def bench_mpi(agent: Agent, runs: int) -> dict[str, Any]:
     # it does not, and is the goal's reference. The same XML given to mpiexec by hand is
     # measured too, so the report says how much of the figure that file is.
     xml = wait_topology(agent)
-    xml_env = dict(os.environ, HWLOC_XMLFILE=xml, HWLOC_THISSYSTEM="1",
-                   HWLOC_THISSYSTEM_ALLOWED_RESOURCES="1") if xml else None
+    xml_env = dict(os.environ, **hwloc_env(xml)) if xml else None
     log(f"mpi: {runs} rounds of 2-rank MPICH hello: tether / mpiexec / python3 -I -c pass"
         + (" / mpiexec with tether's hwloc XML" if xml else " (no hwloc XML: no lstopo)")
         + (" / srun --mpi=pmi2" if slurm() else ""))

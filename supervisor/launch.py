@@ -29,6 +29,14 @@ log = logging.getLogger(__name__)
 GPU_VARS = ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")
 
 
+def hwloc_env(xml: str) -> dict[str, str]:
+    """What makes hwloc load the node's topology from ``xml`` (agent/topology.py): as this
+    machine's, binding for real, with the CPUs and memory allowed read from the process's own
+    cgroup rather than the file."""
+    return {"HWLOC_XMLFILE": xml, "HWLOC_THISSYSTEM": "1",
+            "HWLOC_THISSYSTEM_ALLOWED_RESOURCES": "1"}
+
+
 def task_env(spec: dict[str, Any], rank: int) -> dict[str, str]:
     env = dict(spec["env"])
     gpus = ",".join(str(g) for g in spec["gpus"])
@@ -49,7 +57,7 @@ def task_env(spec: dict[str, Any], rank: int) -> dict[str, str]:
     })
     xml = spec.get("hwloc_xml")
     if xml and "HWLOC_XMLFILE" not in env:  # the job's own choice wins (agent/topology.py)
-        env.update(HWLOC_XMLFILE=xml, HWLOC_THISSYSTEM="1", HWLOC_THISSYSTEM_ALLOWED_RESOURCES="1")
+        env.update(hwloc_env(xml))
     array = spec.get("array")
     if isinstance(array, dict):
         env["TETHER_ARRAY_JOB_ID"] = str(array.get("id"))

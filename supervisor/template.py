@@ -171,7 +171,6 @@ def main(argv: list[str] | None = None) -> int:
     lookups = typecache.prepare(hotcode_list.LOOKUPS)
     gc.collect()
     filled = poolfill.fill()  # (see the module's docstring: Memory)
-    typecache.warm([])  # its own lookups (ctypes'), before the cache is emptied
     sys._clear_type_cache()
     warmed = typecache.warm(lookups)
     if args.ksm:

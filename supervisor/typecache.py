@@ -45,13 +45,20 @@ ENTRY = struct.Struct("IxxxxQQ")  # version, name, value
 VERSION_AT = 384  # offsetof(PyTypeObject, tp_version_tag), 64-bit CPython 3.11
 
 
+_fn: Any = None
+
+
 def _lookup_fn() -> Any:
-    fn = getattr(ctypes.pythonapi, "_PyType_Lookup", None)
-    if fn is None:
-        return None
-    fn.restype = ctypes.c_void_p  # a borrowed reference: never made into an object here
-    fn.argtypes = (ctypes.py_object, ctypes.py_object)
-    return fn
+    """``_PyType_Lookup`` through ctypes, made once: finding it is itself a few lookups, which
+    must not happen between emptying the cache and filling it (``prepare`` makes it first)."""
+    global _fn
+    if _fn is None:
+        fn = getattr(ctypes.pythonapi, "_PyType_Lookup", None)
+        if fn is not None:
+            fn.restype = ctypes.c_void_p  # a borrowed reference: never made into an object
+            fn.argtypes = (ctypes.py_object, ctypes.py_object)
+            _fn = fn
+    return _fn
 
 
 def name_of(tp: type) -> str | None:
@@ -82,7 +89,9 @@ def resolve(path: str) -> type | None:
 def prepare(lookups: Iterable[tuple[str, str]]) -> list[tuple[type, str]]:
     """The types of ``lookups`` found, and their names as the interned strings code uses.
     Before the cache is emptied: finding a type looks up its module's attributes by names
-    made here, each an entry of its own."""
+    made here, each an entry of its own. Makes ``warm``'s ctypes function, for the same
+    reason."""
+    _lookup_fn()
     out = []
     for path, name in lookups:
         tp = resolve(path)
