@@ -40,6 +40,8 @@ What a supervisor must not inherit from here, and how it is prevented (``become_
 - threads: none exist to be lost (the fork-safety test checks ``Threads: 1``);
 - random state: ``random`` is reseeded from the kernel, and so is libc's ``rand()`` (no library
   of a supervisor's seeds it: each gets a distinct, unguessable sequence, not glibc's default);
+- at-fork hooks: none run (atfork.py: the template empties the interpreter's lists; with one
+  thread, threading's and logging's have nothing to re-make, and random is reseeded above);
 - environment, umask, cwd: set from the request and ``/``; signal dispositions: this process
   resets them to the defaults once, at its start, and never handles a signal itself.
 
@@ -50,10 +52,12 @@ every supervisor would otherwise do for itself (argument parsing is skipped: ``e
 logging is configured here), packs the code objects supervisors run onto few pages
 (hotcode.py), fills the partly used pools of CPython's small-object allocator so that a
 child's first allocations do not land in holes all over the template's pages (poolfill.py),
-and empties CPython's type attribute cache, then fills it with what supervisors look up
+empties CPython's type attribute cache, then fills it with what supervisors look up
 (typecache.py): a child's cache misses would otherwise each write to the looked-up name's
-page, and an eviction to the evicted name's, at random across the whole heap (bench/README.md
-has the figures).
+page, and an eviction to the evicted name's, at random across the whole heap; and empties the
+interpreter's at-fork hook lists (atfork.py): run for the first time in every child, the hooks
+of threading, logging and random wrote to ~140 of this process's pages in each
+(bench/README.md has the figures).
 
 Same-page merging (``agent --ksm``, off by default: docs/operations.md). Most of the pages a
 supervisor copies end up byte-identical to another supervisor's (the same reference counts
@@ -92,7 +96,7 @@ import tether.supervisor.__main__ as entry
 import tether.supervisor.pmi_io  # noqa: F401  (everything a supervisor may load, loaded now)
 from tether.shared import faults, procid, template_wire
 from tether.shared.template_wire import TemplateError
-from tether.supervisor import hotcode, hotcode_list, ksm, poolfill, typecache
+from tether.supervisor import atfork, hotcode, hotcode_list, ksm, poolfill, typecache
 from tether.supervisor.service import reset_signal_dispositions
 
 log = logging.getLogger("tether.template")
@@ -169,6 +173,10 @@ def main(argv: list[str] | None = None) -> int:
     procid.boot_id()
     packed = hotcode.pack(hotcode_list.HOT)
     lookups = typecache.prepare(hotcode_list.LOOKUPS)
+    hooks = atfork.empty()
+    if hooks < 0:
+        log.warning("cannot tell the interpreter's at-fork hook lists apart; every supervisor "
+                    "runs the hooks (more of this process's memory copied into each)")
     gc.collect()
     filled = poolfill.fill()  # (see the module's docstring: Memory)
     sys._clear_type_cache()
@@ -177,8 +185,8 @@ def main(argv: list[str] | None = None) -> int:
         ksm.ENABLED = True  # each supervisor marks its own copies once its step runs (ksm.py)
     gc.freeze()  # from here on the collector leaves the imported world's pages alone
     log.info("supervisor template %s ready on %s (%d functions' code packed, %d pool holes "
-             "filled, %d of %d type lookups made)", identity, args.socket, packed, filled,
-             warmed, len(hotcode_list.LOOKUPS))
+             "filled, %d of %d type lookups made, %d at-fork hooks emptied)", identity,
+             args.socket, packed, filled, warmed, len(hotcode_list.LOOKUPS), max(hooks, 0))
     sys.stderr.flush()
     sock.settimeout(CHECK_INTERVAL)
     while True:

@@ -1,6 +1,7 @@
 """What the template does to its memory before it forks, so that supervisors copy less of it:
-the allocator's pools filled (supervisor/poolfill.py) and the type attribute cache filled with
-what supervisors look up (supervisor/typecache.py). Each probe runs in an interpreter of its own
+the allocator's pools filled (supervisor/poolfill.py), the type attribute cache filled with
+what supervisors look up (supervisor/typecache.py) and the at-fork hooks emptied
+(supervisor/atfork.py). Each probe runs in an interpreter of its own
 and fails where the step it checks is left out."""
 
 from __future__ import annotations
@@ -84,3 +85,50 @@ def test_the_lookup_list_names_what_a_supervisor_looks_up(node: Node) -> None:
     assert made is not None
     assert int(made.group(1)) >= 0.9 * int(made.group(2)) == 0.9 * len(LOOKUPS), (
         "types in supervisor/hotcode_list.py's LOOKUPS are gone: run python -m bench.hotcode")
+
+
+ATFORK_PROBE = r"""
+import logging, os, random, threading
+from tether.supervisor import atfork
+
+os.register_at_fork(after_in_child=lambda: print("ran", flush=True))
+lock = threading._active_limbo_lock  # threading's own hook makes a new one in every child
+removed = atfork.empty()
+os.register_at_fork(after_in_child=lambda: print("later", flush=True))
+
+
+def child() -> str:
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.write(w, b"kept" if threading._active_limbo_lock is lock else b"remade")
+        os._exit(0)
+    os.close(w)
+    got = os.read(r, 16).decode()
+    os.close(r)
+    os.waitpid(pid, 0)
+    return got
+
+
+print(removed, child(), atfork.empty(), child(), flush=True)
+"""
+
+
+def test_no_at_fork_hook_runs_once_the_lists_are_emptied() -> None:
+    """The interpreter's own lists are emptied, not copies: the hooks registered before
+    (threading's, logging's, random's, the probe's) no longer run in a child, a hook registered
+    afterwards does until the next emptying, and the count says what went."""
+    out = probe(ATFORK_PROBE)
+    # threading's 1, logging's 3, random's 1, the probe's 1
+    first, state1, again, state2 = (w for w in out if w != "later")
+    assert int(first) >= 6 and again == "1", out
+    assert out.count("ran") == 0 and out.count("later") == 1, out
+    assert (state1, state2) == ("kept", "kept"), out
+
+
+def test_the_template_says_it_emptied_the_hooks(node: Node) -> None:
+    node.start()
+    node.wait_template()
+    with open(node.layout.supervisor_log) as f:
+        emptied = re.search(r"(\d+) at-fork hooks emptied", f.read())
+    assert emptied is not None and int(emptied.group(1)) >= 4
