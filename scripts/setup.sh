@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs what tether needs on a fresh Debian machine (run as root, or with sudo available).
 #   bash scripts/setup.sh          tether itself, and nothing more (what the demo runs on):
-#                                  libcap headers for python-prctl, Debian's python3 with venv,
+#                                  libcap headers for python-prctl, gcc and Python's headers
+#                                  (python-prctl and supervisor/_heapfile.c are compiled),
+#                                  Debian's python3 with venv,
 #                                  and a venv at .venv with tether and its dependencies
 #   bash scripts/setup.sh --cluster  also postgresql (scripts/demo_cluster.sh starts a throwaway
 #                                  server in a temporary directory)
@@ -19,7 +21,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
-packages=(libcap-dev python3-venv python3-dev)
+packages=(libcap-dev python3-venv python3-dev gcc)
 target="."
 case "${1:-}" in
     "") ;;

@@ -62,6 +62,10 @@ FAULTS = (
           "environment)",
           "the template forks each supervisor twice, as where the kernel refuses "
           "`clone(CLONE_PARENT)`: a middle child starts the session and exits"),
+    Fault(AGENT, "no-heapfile", "the supervisor template (it inherits the agent's "
+          "environment)",
+          "the template's heap stays anonymous memory (supervisor/heapfile.py): its "
+          "supervisors keep every private copy, as where the extension is not built"),
     Fault(SUPERVISOR, "die-after-launch", "each supervisor",
           "after starting its tasks, the supervisor SIGKILLs itself before writing the "
           "`running` manifest (row 13b), once the test says go (it creates `launched.go` in "

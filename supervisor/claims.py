@@ -19,7 +19,7 @@ from tether.shared import faults, protocol
 from tether.shared.errors import LaunchError, StateError
 from tether.shared.step_cgroup import CgroupError, StepCgroup
 from tether.shared.timers import rfc3339_now
-from tether.supervisor import handlers, ksm
+from tether.supervisor import handlers, heapfile, ksm
 from tether.supervisor.opener import ForkInstead, LaunchFailed, Opened, new_opener, output_paths
 from tether.supervisor.state import Peer, SupervisorState, killpg
 from tether.supervisor.step import Phase, bounded
@@ -141,10 +141,24 @@ class Claims(SupervisorState):
         self.write_manifest()
         if ksm.ENABLED:
             self.timers.at(time.monotonic() + ksm.DELAY, ksm.mark_now)
+        if heapfile.inherited():
+            self.timers.at(time.monotonic() + heapfile.DELAY, self.give_back_copies)
         log.info("launched %d task(s): pids %s", self.step.ntasks,
                  [t.pid for t in self.step.tasks])
         self.answer_claims()
         self.reap()  # a launch failure may already have finished the step
+
+    def give_back_copies(self, tries: int = heapfile.TRIES) -> None:
+        """The private copies of the template's pages that equal them again go (heapfile.py),
+        once no other thread of ours runs (a scan, the output opener)."""
+        got = heapfile.give_back()
+        if got is None:
+            if tries > 1:
+                self.timers.at(time.monotonic() + heapfile.RETRY,
+                               lambda: self.give_back_copies(tries - 1))
+            return
+        log.info("gave back %d of the %d pages copied from the template: equal to it again",
+                 *got)
 
     def make_cgroup(self) -> None:
         """The step's cgroup, before the first fork; the launcher puts each task in it."""

@@ -56,8 +56,9 @@ empties CPython's type attribute cache, then fills it with what supervisors look
 (typecache.py): a child's cache misses would otherwise each write to the looked-up name's
 page, and an eviction to the evicted name's, at random across the whole heap; and empties the
 interpreter's at-fork hook lists (atfork.py): run for the first time in every child, the hooks
-of threading, logging and random wrote to ~140 of this process's pages in each
-(bench/README.md has the figures).
+of threading, logging and random wrote to ~140 of this process's pages in each. Last, it turns
+its heap into a file (heapfile.py): a supervisor whose step runs gives back its copies of the
+pages that equal the template's again, about a third of them (bench/README.md has the figures).
 
 Same-page merging (``agent --ksm``, off by default: docs/operations.md). Most of the pages a
 supervisor copies end up byte-identical to another supervisor's (the same reference counts
@@ -96,7 +97,7 @@ import tether.supervisor.__main__ as entry
 import tether.supervisor.pmi_io  # noqa: F401  (everything a supervisor may load, loaded now)
 from tether.shared import faults, procid, template_wire
 from tether.shared.template_wire import TemplateError
-from tether.supervisor import atfork, hotcode, hotcode_list, ksm, poolfill, typecache
+from tether.supervisor import atfork, heapfile, hotcode, hotcode_list, ksm, poolfill, typecache
 from tether.supervisor.service import reset_signal_dispositions
 
 log = logging.getLogger("tether.template")
@@ -184,9 +185,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.ksm:
         ksm.ENABLED = True  # each supervisor marks its own copies once its step runs (ksm.py)
     gc.freeze()  # from here on the collector leaves the imported world's pages alone
+    # the last change to this process's memory before it serves: its heap becomes a file
+    if faults.agent_fault(faults.agent_faults(), "no-heapfile"):
+        heap = "the heap stays anonymous (fault no-heapfile)"
+    else:
+        heap = heapfile.snapshot()
     log.info("supervisor template %s ready on %s (%d functions' code packed, %d pool holes "
-             "filled, %d of %d type lookups made, %d at-fork hooks emptied)", identity,
-             args.socket, packed, filled, warmed, len(hotcode_list.LOOKUPS), max(hooks, 0))
+             "filled, %d of %d type lookups made, %d at-fork hooks emptied; %s)", identity,
+             args.socket, packed, filled, warmed, len(hotcode_list.LOOKUPS), max(hooks, 0), heap)
     sys.stderr.flush()
     sock.settimeout(CHECK_INTERVAL)
     while True:

@@ -69,7 +69,7 @@ def setup_installs(*args: str) -> tuple[list[str], str]:
 
 def test_setup_for_the_demo_installs_only_tether() -> None:
     apt, pip = setup_installs()
-    assert sorted(apt) == ["libcap-dev", "python3-dev", "python3-venv"]
+    assert sorted(apt) == ["gcc", "libcap-dev", "python3-dev", "python3-venv"]
     assert " -e . " in pip + " "
 
 

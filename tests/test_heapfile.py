@@ -1,0 +1,167 @@
+"""The template's heap as a file (supervisor/heapfile.py, supervisor/_heapfile.c): what a
+supervisor gives back is only what equals the template's pages, its data stays whole, nothing
+is given back while another thread runs, and a real idle step's supervisor does it."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+from tests.helpers import Node, poll_until
+
+PROBE_HEAD = r"""
+import os, sys, threading
+import tether.supervisor.template  # the template's heap: everything a supervisor loads
+from tether.supervisor import _heapfile
+
+def private_kb():
+    with open("/proc/self/smaps_rollup") as f:
+        return sum(int(ln.split()[1]) for ln in f if ln.startswith("Private_"))
+
+def in_child(body):
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            out = body()
+        except BaseException as exc:
+            out = f"error {exc!r}"
+        os.write(w, out.encode())
+        os._exit(0)
+    os.close(w)
+    got = b""
+    while chunk := os.read(r, 4096):
+        got += chunk
+    os.waitpid(pid, 0)
+    return got.decode()
+"""
+
+
+def probe(body: str) -> list[str]:
+    res = subprocess.run([sys.executable, "-I", "-c", PROBE_HEAD + body], capture_output=True,
+                         text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert res.returncode == 0, res.stderr
+    return res.stdout.split()
+
+
+GIVE_BACK = r"""
+words = [f"word {i} " * 3 for i in range(30000)]  # ~3 MB of strings, spread over many pages
+kept = bytearray(b"x" * 300000)
+table = {w: i for i, w in enumerate(words)}
+print(*_heapfile.snapshot(256 << 10))
+
+def body():
+    # every string's reference count goes up and back down: each page copied, equal again
+    touched = sum(len(w) for w in list(words))
+    kept[::4096] = b"y" * len(kept[::4096])  # these pages differ from the file's now
+    before = private_kb()
+    given, copies = _heapfile.give_back()
+    after = private_kb()
+    whole = (all(table[w] == i for i, w in enumerate(words)) and touched == sum(map(len, words))
+             and kept.count(b"y") == len(range(0, len(kept), 4096)))
+    return f"{given} {copies} {before} {after} {whole}"
+
+print(in_child(body))
+"""
+
+
+def test_a_child_gives_back_the_copies_that_equal_the_file_and_keeps_its_data() -> None:
+    regions, size, given, copies, before, after, whole = probe(GIVE_BACK)
+    assert int(regions) >= 1 and int(size) > 3 << 20
+    assert int(copies) > 500 and 0.5 * int(copies) < int(given) < int(copies)
+    assert int(after) <= int(before) - 2 * int(given)  # 4 KiB each, with slack
+    assert whole == "True"  # every value read back, the changed bytes kept
+
+
+THREADS = r"""
+print(*_heapfile.snapshot(256 << 10))
+try:
+    _heapfile.snapshot(256 << 10)
+except RuntimeError as exc:
+    print("again:refused")
+
+def body():
+    go = threading.Event()
+    t = threading.Thread(target=go.wait)
+    t.start()
+    while_running = _heapfile.give_back()
+    go.set()
+    t.join()
+    while len(os.listdir("/proc/self/task")) > 1:  # the thread's exit, as the kernel sees it
+        pass
+    after = _heapfile.give_back()
+    return f"{while_running} {after is not None}"
+
+print(in_child(body))
+"""
+
+
+def test_nothing_is_given_back_while_another_thread_runs() -> None:
+    out = probe(THREADS)
+    assert out[2:] == ["again:refused", "None", "True"], out
+
+
+def test_a_snapshot_is_refused_while_another_thread_runs() -> None:
+    out = probe(r"""
+go = threading.Event()
+t = threading.Thread(target=go.wait)
+t.start()
+try:
+    _heapfile.snapshot(256 << 10)
+    print("taken")
+except RuntimeError as exc:
+    print("refused", "threads" in str(exc))
+go.set()
+t.join()
+print(_heapfile.mapped())
+""")
+    assert out == ["refused", "True", "(0,", "0)"], out
+
+
+def _maps_name(pid: int) -> bool:
+    with open(f"/proc/{pid}/maps") as f:
+        return any("tether-template-heap" in ln for ln in f)
+
+
+def test_an_idle_supervisor_gives_back_its_copies_and_goes_on(node: Node) -> None:
+    node.start()
+    template = node.wait_template()
+    assert _maps_name(template)
+    job = node.submit("sleep", "60")
+    sup = int(node.running_manifest(job)["supervisor"]["pid"])
+
+    def gave_back() -> tuple[int, int] | None:
+        with open(node.layout.supervisor_log) as f:
+            for ln in f:
+                m = re.search(rf"supervisor\[{sup}\] .*gave back (\d+) of the (\d+) pages", ln)
+                if m:
+                    return int(m.group(1)), int(m.group(2))
+        return None
+    given, copies = poll_until(gave_back, 30, "the supervisor to give back its copies")
+    assert 0 < given < copies
+    assert _maps_name(sup)
+    assert node.ok("inspect", str(job), "--json")  # it serves as before
+    node.ok("cancel", str(job))
+    assert node.wait_end(job)["state"] == "cancelled"
+
+
+def test_without_the_heap_file_supervisors_keep_their_copies(node: Node) -> None:
+    node.start(env={"TETHER_AGENT_FAULT": "no-heapfile"})
+    template = node.wait_template()
+    with open(node.layout.supervisor_log) as f:
+        assert "the heap stays anonymous (fault no-heapfile)" in f.read()
+    assert not _maps_name(template)
+    job = node.submit("sh", "-c", "sleep 2; exit 3")
+    end = node.wait_end(job)
+    assert (end["state"], end["exit_code"]) == ("failed", 3)
+    with open(node.layout.supervisor_log) as f:
+        assert "gave back" not in f.read()
+
+
+def test_the_extension_is_built() -> None:
+    """setup.sh builds it (setup.py); without it the template says so and goes on."""
+    from tether.supervisor import heapfile
+    assert heapfile.MISSING is None
+    assert os.path.exists(heapfile._heapfile.__file__)
