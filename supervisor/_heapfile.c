@@ -138,6 +138,9 @@ snapshot(PyObject *self, PyObject *args)
         return PyErr_SetFromErrnoWithFilename(PyExc_OSError, "/proc/self/maps");
     }
     char line[4096];
+    /* The interpreter's zero-filled data (its .bss, an anonymous mapping) holds the flags its
+     * signal handler sets at any time: found by a variable of its own that lives there. */
+    uintptr_t bss = (uintptr_t)&PyOS_InputHook;
     while (fgets(line, sizeof line, maps) != NULL) {
         unsigned long a, b;
         char perms[8];
@@ -146,8 +149,8 @@ snapshot(PyObject *self, PyObject *args)
             continue;
         }
         /* private, writable, not executable: the heap and the anonymous mappings big enough
-         * to be allocator arenas (CPython's are 1 MiB; a library's .bss is not touched) */
-        if (strcmp(perms, "rw-p") != 0) {
+         * to be allocator arenas (CPython's are 1 MiB) */
+        if (strcmp(perms, "rw-p") != 0 || (a <= bss && bss < b)) {
             continue;
         }
         int heap = strcmp(name, "[heap]") == 0;

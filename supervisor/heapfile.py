@@ -18,7 +18,8 @@ then), it compares each private copy in those mappings with the file and discard
 ones (``give_back``). Nothing changes for the process: a page given back holds the same bytes,
 and a later write copies it again.
 
-What is left anonymous: the template's Python frames and thread descriptor (written while the
+What is left anonymous: the interpreter's zero-filled data (its signal handler sets flags there at
+any time), the template's Python frames and thread descriptor (written while the
 snapshot runs; the kernel writes a thread's rseq area at any time), its stack, small mappings
 (libraries' zero-filled data). What it costs: the memfd holds the template's ~12 MB once, where
 its anonymous memory used to (the originals are released); a supervisor's comparison is ~1 ms
