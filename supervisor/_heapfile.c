@@ -10,29 +10,41 @@
  * supervisor/heapfile.py has the theory of operation; this file only does the two steps.
  */
 #define PY_SSIZE_T_CLEAN
+#define _GNU_SOURCE
 #include <Python.h>
 
 #include <dirent.h>
+#include <elf.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <link.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #ifndef MADV_POPULATE_READ
 #define MADV_POPULATE_READ 22
 #endif
+#ifndef MFD_NOEXEC_SEAL
+#define MFD_NOEXEC_SEAL 0x0008U
+#endif
 
 #define PAGE 4096UL
 #define FILE_NAME "tether-template-heap"
-#define MAX_REGIONS 512
-#define MAX_EXCLUDED 64
+#define MAX_REGIONS 4096
+#define MAX_EXCLUDED 1024
 /* around the thread pointer: the thread's descriptor (the kernel writes its rseq area there at
  * any return to user space) and the static TLS blocks below it (errno among them) */
 #define TLS_MARGIN (16 * PAGE)
+/* The file goes on this far past its last byte, as a hole: a private mapping that the
+ * allocator grows in place (mremap) past the end of its file would raise SIGBUS where it is
+ * read; inside a hole it reads zeros, as grown anonymous memory does. No memory is used. */
+#define TAIL_HOLE (1UL << 36)
 
 struct region {
     uintptr_t start, end;
@@ -44,26 +56,62 @@ struct range {
 };
 
 /* Written once, by snapshot, after the last replacement; inherited by every fork; read-only
- * afterwards. The view is the whole file, mapped shared and read-only: what a copy is
- * compared with. */
+ * afterwards. The view is the file mapped again, privately and read-only: what a copy is
+ * compared with (its pages are the file's; it is never written). */
 static int nregions = -1; /* -1: no snapshot in this process's history */
 static const char *view = NULL;
 static size_t view_size = 0;
+static ino_t file_ino = 0;
+
+struct excluded {
+    struct range r[MAX_EXCLUDED];
+    int n;
+};
+
+static int
+exclude(struct excluded *ex, uintptr_t lo, uintptr_t hi)
+{
+    if (ex->n == MAX_EXCLUDED) {
+        return -1;
+    }
+    ex->r[ex->n].lo = lo & ~(PAGE - 1);
+    ex->r[ex->n].hi = (hi + PAGE - 1) & ~(PAGE - 1);
+    ex->n++;
+    return 0;
+}
+
+/* Every loaded object's writable segment, its zero-filled data included: a library's static
+ * data can share a mapping with an arena (the kernel merges neighbours), and static data is
+ * where a signal handler writes (the interpreter's, at any time). */
+static int
+exclude_object(struct dl_phdr_info *info, size_t size, void *data)
+{
+    struct excluded *ex = data;
+    for (int k = 0; k < info->dlpi_phnum; k++) {
+        const ElfW(Phdr) *ph = &info->dlpi_phdr[k];
+        if (ph->p_type == PT_LOAD && (ph->p_flags & PF_W)) {
+            uintptr_t lo = info->dlpi_addr + ph->p_vaddr;
+            if (exclude(ex, lo, lo + ph->p_memsz) < 0) {
+                return 1;
+            }
+        }
+    }
+    return 0;
+}
 
 /* [a, b) less the excluded ranges, appended to out as separate regions */
 static int
-add_region(struct region *out, int n, uintptr_t a, uintptr_t b,
-           const struct range *ex, int nex)
+add_region(struct region *out, int n, uintptr_t a, uintptr_t b, const struct excluded *ex)
 {
-    for (int i = 0; i < nex; i++) {
-        if (ex[i].hi <= a || ex[i].lo >= b) {
+    for (int i = 0; i < ex->n; i++) {
+        if (ex->r[i].hi <= a || ex->r[i].lo >= b) {
             continue;
         }
-        if (ex[i].lo > a) {
-            n = add_region(out, n, a, ex[i].lo, ex, nex);
+        if (ex->r[i].lo > a) {
+            n = add_region(out, n, a, ex->r[i].lo, ex);
         }
-        if (ex[i].hi < b) {
-            n = add_region(out, n, ex[i].hi, b, ex, nex);
+        if (ex->r[i].hi < b) {
+            n = add_region(out, n, ex->r[i].hi, b, ex);
         }
         return n;
     }
@@ -94,14 +142,21 @@ count_threads(void)
 }
 
 static PyObject *
+os_error(int err, const char *what)
+{
+    errno = err;
+    return PyErr_SetFromErrnoWithFilename(PyExc_OSError, what);
+}
+
+static PyObject *
 snapshot(PyObject *self, PyObject *args)
 {
     unsigned long min_size;
     if (!PyArg_ParseTuple(args, "k", &min_size)) {
         return NULL;
     }
-    if (view != NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "this process's heap is a file already");
+    if (nregions >= 0) {
+        PyErr_SetString(PyExc_RuntimeError, "this process's heap was made a file already");
         return NULL;
     }
     int threads = count_threads();
@@ -111,36 +166,33 @@ snapshot(PyObject *self, PyObject *args)
         return NULL;
     }
     /* What must stay anonymous: this thread's Python frames (the interpreter writes them
-     * while this very call runs) and its descriptor and TLS. The C stack has a name. */
-    struct range ex[MAX_EXCLUDED];
-    int nex = 0;
+     * while this very call runs), its descriptor and TLS, every loaded object's static data.
+     * The C stack has a name. */
+    static struct excluded ex;
+    ex.n = 0;
     PyThreadState *ts = PyThreadState_Get();
     for (_PyStackChunk *c = ts->datastack_chunk; c != NULL; c = c->previous) {
-        if (nex == MAX_EXCLUDED - 1) {
-            PyErr_SetString(PyExc_RuntimeError, "too many frame chunks");
+        if (exclude(&ex, (uintptr_t)c, (uintptr_t)c + c->size) < 0) {
+            PyErr_SetString(PyExc_RuntimeError, "too many ranges to leave anonymous");
             return NULL;
         }
-        ex[nex].lo = (uintptr_t)c & ~(PAGE - 1);
-        ex[nex].hi = ((uintptr_t)c + c->size + PAGE - 1) & ~(PAGE - 1);
-        nex++;
     }
     uintptr_t tp = (uintptr_t)pthread_self() & ~(PAGE - 1);
-    ex[nex].lo = tp - TLS_MARGIN;
-    ex[nex].hi = tp + TLS_MARGIN;
-    nex++;
+    if (exclude(&ex, tp - TLS_MARGIN, tp + TLS_MARGIN) < 0
+        || dl_iterate_phdr(exclude_object, &ex) != 0) {
+        PyErr_SetString(PyExc_RuntimeError, "too many ranges to leave anonymous");
+        return NULL;
+    }
 
-    /* The map is read, and the file made, before anything is copied: allocation is still
-     * allowed here. */
+    /* The map is read, the file made and the pagemap read before anything is copied:
+     * allocation is still allowed until the pagemap is read. */
     static struct region found[MAX_REGIONS];
     int nf = 0;
     FILE *maps = fopen("/proc/self/maps", "re");
     if (maps == NULL) {
-        return PyErr_SetFromErrnoWithFilename(PyExc_OSError, "/proc/self/maps");
+        return os_error(errno, "/proc/self/maps");
     }
     char line[4096];
-    /* The interpreter's zero-filled data (its .bss, an anonymous mapping) holds the flags its
-     * signal handler sets at any time: found by a variable of its own that lives there. */
-    uintptr_t bss = (uintptr_t)&PyOS_InputHook;
     while (fgets(line, sizeof line, maps) != NULL) {
         unsigned long a, b;
         char perms[8];
@@ -150,64 +202,109 @@ snapshot(PyObject *self, PyObject *args)
         }
         /* private, writable, not executable: the heap and the anonymous mappings big enough
          * to be allocator arenas (CPython's are 1 MiB) */
-        if (strcmp(perms, "rw-p") != 0 || (a <= bss && bss < b)) {
+        if (strcmp(perms, "rw-p") != 0) {
             continue;
         }
         int heap = strcmp(name, "[heap]") == 0;
         if (!heap && (name[0] != '\0' || b - a < min_size)) {
             continue;
         }
-        nf = add_region(found, nf, a, b, ex, nex);
+        nf = add_region(found, nf, a, b, &ex);
         if (nf == MAX_REGIONS) {
             break;
         }
     }
     fclose(maps);
-    size_t total = 0;
+    size_t total = 0, pages = 0;
     for (int i = 0; i < nf; i++) {
         total += found[i].end - found[i].start;
     }
+    pages = total / PAGE;
     if (total == 0) {
+        nregions = 0;
         return Py_BuildValue("(in)", 0, (Py_ssize_t)0);
     }
-    int fd = memfd_create(FILE_NAME, MFD_CLOEXEC | MFD_ALLOW_SEALING);
-    if (fd < 0) {
-        return PyErr_SetFromErrno(PyExc_OSError);
+    int fd = memfd_create(FILE_NAME, MFD_CLOEXEC | MFD_ALLOW_SEALING | MFD_NOEXEC_SEAL);
+    if (fd < 0 && errno == EINVAL) { /* a kernel before 6.3 */
+        fd = memfd_create(FILE_NAME, MFD_CLOEXEC | MFD_ALLOW_SEALING);
     }
-    if (ftruncate(fd, (off_t)total) < 0) {
+    if (fd < 0) {
+        return os_error(errno, "memfd_create");
+    }
+    struct stat st;
+    if (ftruncate(fd, (off_t)(total + TAIL_HOLE)) < 0 || fstat(fd, &st) < 0) {
         int err = errno;
         close(fd);
-        errno = err;
-        return PyErr_SetFromErrno(PyExc_OSError);
+        return os_error(err, "the heap file");
     }
-
-    /* From the first copy to the last replacement: system calls only, no allocation, no
-     * write to memory but this frame's locals and errno (both left anonymous above). */
-    size_t off = 0;
+    /* Which pages hold anything: only those are copied, the rest stay holes (read as zeros,
+     * as untouched anonymous memory does, and using no memory). */
+    uint64_t *present = malloc(pages * sizeof(uint64_t));
+    int pm = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+    if (present == NULL || pm < 0) {
+        int err = present == NULL ? ENOMEM : errno;
+        free(present);
+        if (pm >= 0) {
+            close(pm);
+        }
+        close(fd);
+        return os_error(err, "/proc/self/pagemap");
+    }
+    size_t at = 0;
     int err = 0;
     for (int i = 0; i < nf && err == 0; i++) {
-        size_t len = found[i].end - found[i].start, done = 0;
-        while (done < len) {
-            ssize_t w = pwrite(fd, (const char *)found[i].start + done, len - done,
-                               (off_t)(off + done));
-            if (w <= 0) {
-                err = w < 0 ? errno : EIO;
+        size_t n = (found[i].end - found[i].start) / PAGE, done = 0;
+        while (done < n) {
+            ssize_t got = pread(pm, present + at + done, (n - done) * 8,
+                                (off_t)((found[i].start / PAGE + done) * 8));
+            if (got < 8) {
+                err = got < 0 ? errno : EIO;
                 break;
             }
-            done += (size_t)w;
+            done += (size_t)got / 8;
         }
-        off += len;
+        at += n;
     }
-    /* Nobody writes the file again (a shared writable mapping is refused from now on, and the
-     * view below is mapped read-only for good); its size is fixed. */
+    close(pm);
+
+    /* From here to the last replacement: system calls only, no allocation, no write to
+     * memory but this frame's locals and errno (both left anonymous above). */
+    size_t off = 0;
+    at = 0;
+    for (int i = 0; i < nf && err == 0; i++) {
+        size_t n = (found[i].end - found[i].start) / PAGE;
+        for (size_t j = 0; j < n && err == 0; j++) {
+            if (!(present[at + j] >> 62)) { /* neither present nor swapped: a hole */
+                continue;
+            }
+            size_t k = j;
+            while (k < n && (present[at + k] >> 62)) {
+                k++;
+            }
+            size_t len = (k - j) * PAGE, done = 0;
+            const char *src = (const char *)(found[i].start + j * PAGE);
+            while (done < len) {
+                ssize_t w = pwrite(fd, src + done, len - done, (off_t)(off + j * PAGE + done));
+                if (w <= 0) {
+                    err = w < 0 ? errno : EIO;
+                    break;
+                }
+                done += (size_t)w;
+            }
+            j = k;
+        }
+        off += n * PAGE;
+        at += n;
+    }
+    /* Nobody writes the file again; its size is fixed. */
     if (err == 0 && fcntl(fd, F_ADD_SEALS,
                           F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL) < 0) {
         err = errno;
     }
     if (err != 0) { /* nothing replaced yet: the process goes on as it was */
+        free(present);
         close(fd);
-        errno = err;
-        return PyErr_SetFromErrno(PyExc_OSError);
+        return os_error(err, "the heap file");
     }
     off = 0;
     for (int i = 0; i < nf; i++) {
@@ -215,28 +312,46 @@ snapshot(PyObject *self, PyObject *args)
         void *p = mmap((void *)found[i].start, len, PROT_READ | PROT_WRITE,
                        MAP_PRIVATE | MAP_FIXED, fd, (off_t)off);
         if (p == MAP_FAILED) {
-            /* The range is unmapped, or half replaced: this process cannot go on, and a
-             * template that dies is restarted (supervisors start cold meanwhile). */
+            /* The range may be unmapped already: this process cannot go on, and a template
+             * that dies is restarted (supervisors start cold meanwhile). */
             static const char msg[] = "tether: cannot map the heap file back; aborting\n";
             (void)!write(2, msg, sizeof msg - 1);
             abort();
         }
         off += len;
     }
-    /* End of the window. Every page mapped here as well, so that a supervisor's read-only
-     * pages are shared with this process (and counted so), not its alone. */
+    /* End of the window. Every page that holds anything is mapped here as well, so that a
+     * supervisor's read-only pages are shared with this process (and counted so), not its
+     * alone; holes are left alone (a read would give them a page each). */
+    at = 0;
     for (int i = 0; i < nf; i++) {
-        (void)madvise((void *)found[i].start, found[i].end - found[i].start,
-                      MADV_POPULATE_READ);
+        size_t n = (found[i].end - found[i].start) / PAGE;
+        for (size_t j = 0; j < n; j++) {
+            if (!(present[at + j] >> 62)) {
+                continue;
+            }
+            size_t k = j;
+            while (k < n && (present[at + k] >> 62)) {
+                k++;
+            }
+            (void)madvise((void *)(found[i].start + j * PAGE), (k - j) * PAGE,
+                          MADV_POPULATE_READ);
+            j = k;
+        }
+        at += n;
     }
-    /* What a supervisor's copies are compared with. Without it this process and its forks
-     * still share the file's pages until they write; they only cannot give copies back. */
-    const char *ref = mmap(NULL, total, PROT_READ, MAP_SHARED, fd, 0);
-    close(fd);
+    free(present);
     nregions = nf;
+    /* What a supervisor's copies are compared with: read-only and private, which a sealed
+     * file allows on every kernel (a shared mapping of it needs Linux 6.7). Without it this
+     * process and its forks still share the file's pages until they write; they only cannot
+     * give copies back. */
+    const char *ref = mmap(NULL, total, PROT_READ, MAP_PRIVATE, fd, 0);
+    close(fd);
     if (ref != MAP_FAILED) {
         view = ref;
         view_size = total;
+        file_ino = st.st_ino;
     }
     return Py_BuildValue("(in)", nf, (Py_ssize_t)total);
 }
@@ -254,14 +369,15 @@ file_ranges(struct region *out)
     int n = 0;
     char line[4096];
     while (n < MAX_REGIONS && fgets(line, sizeof line, maps) != NULL) {
-        unsigned long a, b, off;
+        unsigned long a, b, off, ino;
         char perms[8];
         char name[256] = "";
-        if (sscanf(line, "%lx-%lx %7s %lx %*s %*s %255s", &a, &b, perms, &off, name) < 5) {
+        if (sscanf(line, "%lx-%lx %7s %lx %*s %lu %255s", &a, &b, perms, &off, &ino, name) < 6) {
             continue;
         }
-        if (strcmp(perms, "rw-p") != 0 || strcmp(name, "/memfd:" FILE_NAME) != 0
-            || off + (b - a) > view_size) {
+        /* this very file (its inode), written here (the view is read-only), within it */
+        if (strcmp(perms, "rw-p") != 0 || (ino_t)ino != file_ino
+            || strcmp(name, "/memfd:" FILE_NAME) != 0 || off + (b - a) > view_size) {
             continue;
         }
         out[n].start = a;
@@ -298,6 +414,7 @@ give_back(PyObject *self, PyObject *noargs)
      * is discarded. */
     long given = 0, copies = 0;
     uint64_t entries[512];
+    unsigned char held[512];
     for (int r = 0; r < nranges; r++) {
         uintptr_t a = ranges[r].start;
         while (a < ranges[r].end) {
@@ -310,6 +427,11 @@ give_back(PyObject *self, PyObject *noargs)
                 break;
             }
             n = (size_t)got / 8;
+            /* which of the file's pages exist: a hole has none to share (a read of it
+             * would make one) */
+            if (mincore((void *)(ranges[r].ref + (a - ranges[r].start)), n * PAGE, held) < 0) {
+                break;
+            }
             uintptr_t run = 0; /* start of a run of pages to give back */
             for (size_t i = 0; i <= n; i++) {
                 uintptr_t p = a + i * PAGE;
@@ -317,7 +439,7 @@ give_back(PyObject *self, PyObject *noargs)
                 if (i < n) {
                     uint64_t e = entries[i];
                     /* present, anonymous (a copy, not the file's page), this process's only */
-                    if ((e >> 63 & 1) && !(e >> 61 & 1) && (e >> 56 & 1)) {
+                    if ((e >> 63 & 1) && !(e >> 61 & 1) && (e >> 56 & 1) && (held[i] & 1)) {
                         copies++;
                         give = memcmp((const void *)p, ranges[r].ref + (p - ranges[r].start),
                                       PAGE) == 0;
@@ -337,7 +459,8 @@ give_back(PyObject *self, PyObject *noargs)
         }
     }
     close(pm);
-    /* the comparisons mapped the view's pages here: unmap them (the file keeps them) */
+    /* the comparisons mapped the view's pages here: unmap them (the file keeps them; the view
+     * is never written, so nothing of its own goes) */
     (void)madvise((void *)view, view_size, MADV_DONTNEED);
     return Py_BuildValue("(ll)", given, copies);
 }
@@ -345,6 +468,7 @@ give_back(PyObject *self, PyObject *noargs)
 static PyObject *
 mapped(PyObject *self, PyObject *noargs)
 {
+    /* (mappings made a file, the bytes a copy can be compared with: 0 without a view) */
     return Py_BuildValue("(in)", nregions < 0 ? 0 : nregions, (Py_ssize_t)view_size);
 }
 

@@ -157,8 +157,8 @@ class Claims(SupervisorState):
                 self.timers.at(time.monotonic() + heapfile.RETRY,
                                lambda: self.give_back_copies(tries - 1))
             return
-        log.info("gave back %d of the %d pages copied from the template: equal to it again",
-                 *got)
+        ok, line = got
+        log.log(logging.INFO if ok else logging.WARNING, "%s", line)
 
     def make_cgroup(self) -> None:
         """The step's cgroup, before the first fork; the launcher puts each task in it."""

@@ -12,19 +12,24 @@ private copy drops it, and the next access maps the file's page, shared.
 So the template, once it has made everything a supervisor needs and frozen it, turns its heap
 and its big anonymous mappings (CPython's allocator arenas) into a private mapping of a sealed
 memfd holding the same bytes (``snapshot``; ``_heapfile.c`` does it in C, where nothing can
-write between a range's copy and its replacement). Its supervisors inherit that mapping. Once a
+write between a range's copy and its replacement). Pages it never touched stay holes in the file
+(zeros, as untouched memory reads), and the file goes on as a hole past its end (a mapping the
+allocator grows in place reads zeros there, not SIGBUS). A second, read-only private mapping of
+the file (the view) is what copies are compared with. Its supervisors inherit that mapping. Once a
 supervisor's step runs (``DELAY`` after the launch; later if another of its threads is running
 then), it compares each private copy in those mappings with the file and discards the equal
 ones (``give_back``). Nothing changes for the process: a page given back holds the same bytes,
 and a later write copies it again.
 
-What is left anonymous: the interpreter's zero-filled data (its signal handler sets flags there at
-any time), the template's Python frames and thread descriptor (written while the
-snapshot runs; the kernel writes a thread's rseq area at any time), its stack, small mappings
-(libraries' zero-filled data). What it costs: the memfd holds the template's ~12 MB once, where
-its anonymous memory used to (the originals are released); a supervisor's comparison is ~1 ms
-of CPU, once. Where the extension is missing, or ``snapshot`` fails (the template then logs
-why), supervisors simply keep their copies, as before.
+What is left anonymous: every loaded object's static data, zero-filled part included (the
+interpreter's signal handler sets flags there at any time; a library's can share a mapping with
+an arena), the template's Python frames and thread descriptor (written while the snapshot runs;
+the kernel writes a thread's rseq area at any time), its stack, small mappings.
+
+What it costs: the memfd holds the template's ~12 MB once, where its anonymous memory used to
+(the originals are released); a supervisor's comparison is ~1 ms of CPU, once. Where the
+extension is missing, or ``snapshot`` fails (the template then logs why), supervisors simply
+keep their copies, as before.
 """
 
 from __future__ import annotations
@@ -39,8 +44,9 @@ else:
 #: Anonymous mappings smaller than this stay anonymous (CPython's arenas are 1 MiB; the glibc
 #: heap is included whatever its size).
 MIN_SIZE = 256 * 1024
-#: A supervisor gives back its equal copies this long after its step's launch.
-DELAY = 1.0
+#: A supervisor gives back its equal copies this long after its step's launch (before
+#: ``agent --ksm`` marks what it still holds, ksm.DELAY).
+DELAY = 0.5
 #: ... and tries again this often while another thread runs (a scan, the output opener).
 RETRY = 1.0
 #: ... at most this many times.
@@ -60,11 +66,19 @@ def snapshot() -> str:
 
 
 def inherited() -> bool:
-    """Was this process forked from a template whose heap is a file?"""
-    return MISSING is None and _heapfile.mapped()[0] > 0
+    """Was this process forked from a template whose heap is a file it can compare with?"""
+    return MISSING is None and _heapfile.mapped()[1] > 0
 
 
-def give_back() -> tuple[int, int] | None:
-    """Discard every private copy that still equals the file: (pages given back, private
-    copies seen), or None while another thread of this process runs."""
-    return _heapfile.give_back()
+def give_back() -> tuple[bool, str] | None:
+    """Discard every private copy that still equals the file. None while another thread of
+    this process runs; else whether it could, and a line for the log. Never raises: a step's
+    supervisor must not end over memory it merely could not give back."""
+    try:
+        got = _heapfile.give_back()
+    except (OSError, RuntimeError) as exc:
+        return False, f"cannot give back the copies of the template's pages: {exc}"
+    if got is None:
+        return None
+    return True, (f"gave back {got[0]} of the {got[1]} pages copied from the template: equal "
+                  "to it again")

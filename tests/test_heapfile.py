@@ -182,3 +182,85 @@ with open("/proc/self/maps") as f:
             print("memfd" if "tether-template-heap" in ln else "anonymous")
 """)
     assert int(out[0]) >= 1 and out[2] == "anonymous", out
+
+
+GROWN = r"""
+import ctypes
+print(*_heapfile.snapshot(256 << 10))
+last = None
+with open("/proc/self/maps") as f:
+    for ln in f:
+        if "tether-template-heap" in ln and " rw-p " in ln:
+            lo, hi = (int(x, 16) for x in ln.split()[0].split("-"))
+            if last is None or hi > last[1]:
+                last = (lo, hi)
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mremap.restype = ctypes.c_void_p
+libc.mremap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_int]
+
+def body():
+    # what glibc's realloc does to a big block at the end of the file's mappings: grow it in
+    # place or elsewhere (MREMAP_MAYMOVE), past the file's last byte
+    p = libc.mremap(last[1] - 8192, 8192, 8192 + 65536, 1)
+    tail = ctypes.string_at(p + 8192, 65536)
+    return "zeros" if tail == bytes(65536) else "other"
+
+print(in_child(body))
+"""
+
+
+def test_a_mapping_grown_past_the_files_end_reads_zeros() -> None:
+    """The file goes on as a hole: a grown block reads zeros there, as grown anonymous memory
+    does, where past the file's end it would raise SIGBUS."""
+    out = probe(GROWN)
+    assert out[2:] == ["zeros"], out
+
+
+STATIC_DATA = r"""
+import ctypes
+
+class Phdr(ctypes.Structure):
+    _fields_ = [("type", ctypes.c_uint32), ("flags", ctypes.c_uint32),
+                ("offset", ctypes.c_uint64), ("vaddr", ctypes.c_uint64),
+                ("paddr", ctypes.c_uint64), ("filesz", ctypes.c_uint64),
+                ("memsz", ctypes.c_uint64), ("align", ctypes.c_uint64)]
+
+class Info(ctypes.Structure):
+    _fields_ = [("addr", ctypes.c_uint64), ("name", ctypes.c_char_p),
+                ("phdr", ctypes.POINTER(Phdr)), ("phnum", ctypes.c_uint16)]
+
+segments = []
+@ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(Info), ctypes.c_size_t, ctypes.c_void_p)
+def each(info, size, data):
+    for k in range(info.contents.phnum):
+        ph = info.contents.phdr[k]
+        if ph.type == 1 and ph.flags & 2:  # PT_LOAD, PF_W
+            lo = info.contents.addr + ph.vaddr
+            segments.append((lo, lo + ph.memsz))
+    return 0
+
+ctypes.CDLL(None).dl_iterate_phdr(each, None)
+print(*_heapfile.snapshot(256 << 10))
+inside = 0
+with open("/proc/self/maps") as f:
+    for ln in f:
+        if "tether-template-heap" in ln:
+            lo, hi = (int(x, 16) for x in ln.split()[0].split("-"))
+            inside += sum(1 for a, b in segments if a < hi and lo < b)
+print(len(segments), inside)
+"""
+
+
+def test_no_loaded_objects_static_data_is_in_the_file() -> None:
+    """Every loaded object's writable segment, zero-filled part included, stays anonymous: a
+    library's static data can share a mapping with an arena, and the interpreter's signal
+    handler writes its own at any time."""
+    regions, _, segments, inside = probe(STATIC_DATA)
+    assert int(regions) >= 1 and int(segments) > 10 and inside == "0"
+
+
+def test_a_failure_to_give_back_is_a_line_not_an_exception() -> None:
+    """A step's supervisor must not end over memory it could not give back."""
+    from tether.supervisor import heapfile
+    got = heapfile.give_back()  # this process has no heap file
+    assert got is not None and got[0] is False and "cannot give back" in got[1]
