@@ -153,6 +153,11 @@ def main(argv: list[str] | None = None) -> int:
     # The detaching shell started us as a background job: SIGINT and SIGQUIT arrive ignored,
     # and ignored signals would be every supervisor's (and their tasks') too.
     reset_signal_dispositions()
+    # Python's own SIGINT handler too, where it was installed (a template not started as a
+    # background job): this process handles no signal, so nothing writes to its memory but
+    # its one thread (heapfile.py depends on that while its heap becomes a file)
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
     entry.configure_logging()  # the supervisors' root logger; each one only names itself
     identity = template_wire.template_identity(args.ksm)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
