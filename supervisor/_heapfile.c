@@ -123,6 +123,22 @@ add_region(struct region *out, int n, uintptr_t a, uintptr_t b, const struct exc
     return n;
 }
 
+/* The next run of pages that hold anything (present, or swapped out) in pagemap entries
+ * [j, n): its first page (n if none); *end is set to the page after it. */
+static size_t
+next_run(const uint64_t *entries, size_t j, size_t n, size_t *end)
+{
+    while (j < n && !(entries[j] >> 62)) {
+        j++;
+    }
+    size_t k = j;
+    while (k < n && (entries[k] >> 62)) {
+        k++;
+    }
+    *end = k;
+    return j;
+}
+
 static int
 count_threads(void)
 {
@@ -272,15 +288,10 @@ snapshot(PyObject *self, PyObject *args)
     size_t off = 0;
     at = 0;
     for (int i = 0; i < nf && err == 0; i++) {
-        size_t n = (found[i].end - found[i].start) / PAGE;
-        for (size_t j = 0; j < n && err == 0; j++) {
-            if (!(present[at + j] >> 62)) { /* neither present nor swapped: a hole */
-                continue;
-            }
-            size_t k = j;
-            while (k < n && (present[at + k] >> 62)) {
-                k++;
-            }
+        size_t n = (found[i].end - found[i].start) / PAGE, k;
+        /* the pages between runs hold nothing: they stay holes */
+        for (size_t j = next_run(present + at, 0, n, &k); j < n && err == 0;
+             j = next_run(present + at, k, n, &k)) {
             size_t len = (k - j) * PAGE, done = 0;
             const char *src = (const char *)(found[i].start + j * PAGE);
             while (done < len) {
@@ -291,7 +302,6 @@ snapshot(PyObject *self, PyObject *args)
                 }
                 done += (size_t)w;
             }
-            j = k;
         }
         off += n * PAGE;
         at += n;
@@ -325,18 +335,11 @@ snapshot(PyObject *self, PyObject *args)
      * alone; holes are left alone (a read would give them a page each). */
     at = 0;
     for (int i = 0; i < nf; i++) {
-        size_t n = (found[i].end - found[i].start) / PAGE;
-        for (size_t j = 0; j < n; j++) {
-            if (!(present[at + j] >> 62)) {
-                continue;
-            }
-            size_t k = j;
-            while (k < n && (present[at + k] >> 62)) {
-                k++;
-            }
+        size_t n = (found[i].end - found[i].start) / PAGE, k;
+        for (size_t j = next_run(present + at, 0, n, &k); j < n;
+             j = next_run(present + at, k, n, &k)) {
             (void)madvise((void *)(found[i].start + j * PAGE), (k - j) * PAGE,
                           MADV_POPULATE_READ);
-            j = k;
         }
         at += n;
     }

@@ -167,8 +167,9 @@ class Claims(SupervisorState):
             heapfile.give_back()
 
     def give_back_again(self) -> None:
-        """After a request of an idle step (the agent's long poll, renewed every minute): its
-        handling copied pages it only passed through, which go again soon after."""
+        """After any request that ends a quiet spell of a running step (the agent's long poll,
+        renewed every minute; someone's ``inspect``): its handling copied pages it only
+        passed through, which go again soon after."""
         if (self.gave_back_at is not None and self.step.phase is Phase.RUNNING
                 and time.monotonic() - self.gave_back_at > heapfile.AGAIN_AFTER):
             self.gave_back_at = time.monotonic()  # one pass per quiet spell

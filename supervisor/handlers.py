@@ -136,7 +136,6 @@ def wait(sup: Supervisor, peer: Peer, req: protocol.Request) -> Any:
     if sup.record is not None and sup.step.phase in (Phase.EXITED, Phase.ABORTED):
         return {"done": True, "record": sup.record}
     sup.add_waiter(peer, req.id, hold)
-    sup.give_back_again()  # the agent's long poll: what handling it copied goes again
     return PENDING
 
 

@@ -47,7 +47,7 @@ MIN_SIZE = 256 * 1024
 #: A supervisor gives back its equal copies this long after its step's launch (before
 #: ``agent --ksm`` marks what it still holds, ksm.DELAY).
 DELAY = 0.5
-#: ... and again after a request that comes after at least this long of quiet (the agent's
+#: ... and again after any request that comes after at least this long of quiet (the agent's
 #: long poll, renewed every minute, copies ~40 pages it only passes through).
 AGAIN_AFTER = 30.0
 #: ... and tries again this often while another thread runs (a scan, the output opener).
