@@ -2,7 +2,8 @@
 
 Why. ``zmq.Poller.poll`` hands every registered socket and fd to ``zmq_poll`` on every call,
 which asks each ZeroMQ socket for its events: each turn of the loop cost O(registered), and the
-agent registers two per live supervisor (its DEALER and its pidfd). With 300 steps running, a
+agent registered two per live supervisor (its DEALER, now a native connection, and its pidfd).
+With 300 steps running, a
 ``true`` job cost the loop ~3 ms of CPU more than on an idle node (1,000 steps: 0.74 ms a turn,
 ~6 turns a job). Here a turn costs O(ready).
 
@@ -69,6 +70,14 @@ class Poller:
             self.ep.unregister(fd)
         except (FileNotFoundError, OSError):  # closed already: the epoll forgot it itself
             pass
+
+    def want_write(self, item: Any, on: bool) -> None:
+        """Also report the plain fd ``item`` (registered) while it can be written to (``on``):
+        a native link with bytes its socket's buffer did not take yet (agent/link_conn.py).
+        Its readiness comes back as input, like the rest: its reader writes first."""
+        fd = item if isinstance(item, int) else item.fileno()
+        if fd in self.items:
+            self.ep.modify(fd, select.EPOLLIN | (select.EPOLLOUT if on else 0))
 
     def touched(self, sock: zmq.Socket[Any]) -> None:
         """``sock`` was sent on: ask its events at the next poll (see the module's doc)."""

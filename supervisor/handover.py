@@ -9,7 +9,8 @@ What must survive ``exec`` and how:
   the fd). Before ``exec`` the doors are closed (every reply is written as it is sent);
   connections not yet accepted wait in the listening sockets' backlogs and the new process
   accepts them. An image of release 0.4 or before serves the ctl socket with a ZeroMQ ROUTER
-  instead: the same listening socket, the same agents' DEALERs (both ways of an upgrade work).
+  instead: the same listening socket, which agents reach natively or through a DEALER (both
+  ways of an upgrade work: agent/link.py tells a ROUTER by its greeting).
   Clients with an established connection see it close and reconnect
   (every tether client does, on a flat 10 ms interval); a request they sent into the closing
   connection is lost and times out, so everything parked (the agent's ``wait``, ``output`` and

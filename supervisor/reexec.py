@@ -89,9 +89,10 @@ class Reexec(SupervisorState):
     def open_doors(self) -> None:
         """Both doors on their kept listening sockets, polled: the agent's (the ctl door) and
         everyone's (none for an image resumed from before the doors). Until 0.5 a ZeroMQ ROUTER
-        served the agent's: its DEALER speaks ZMTP, which a door answers (zmtp.py), so agents of
-        either release drive this one, and a supervisor starts no ZeroMQ context, none of its
-        two threads, and no thread hop per message (bench/README.md)."""
+        served the agent's: an agent of 0.5.0 speaks the door's frames, one before it ZMTP
+        through its DEALER, which a door answers (zmtp.py), so agents of either release drive
+        this one, and a supervisor starts no ZeroMQ context, none of its two threads, and no
+        thread hop per message (bench/README.md)."""
         self.ctl = self._door(self.ctl_path(), self.listen_fd, "supervisor ctl")
         self.poller.register(self.ctl.fileno(), select.POLLIN)
         if self.door_fd >= 0:
