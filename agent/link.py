@@ -297,8 +297,11 @@ class Link:
                 self.probe = None
             self._replace(None)
         # every other request in flight went out on the old socket: it will never be answered
+        # (a callback may drop the link, which forgets the rest: ``close``)
         for rid in list(self.pending):
-            pend = self.pending.pop(rid)
+            pend = self.pending.pop(rid, None)
+            if pend is None:
+                continue
             pend.timer.cancel()
             pend.on_err(Unreachable(f"connection to {self.path} was reset"))
 
@@ -331,7 +334,9 @@ class Link:
             log.warning("job %d: supervisor could not decode a request: %s", self.job,
                         reply.message)
             for rid in list(self.pending):
-                stale = self.pending.pop(rid)
+                stale = self.pending.pop(rid, None)
+                if stale is None:  # a callback dropped the link (``close``)
+                    continue
                 stale.timer.cancel()
                 stale.on_err(RemoteError(reply.code, reply.message))
             return

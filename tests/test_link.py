@@ -44,6 +44,20 @@ if mode == "router":  # a supervisor of 0.2.0 to 0.4.0: a libzmq ROUTER
         ident, data = s.recv_multipart()
         s.send_multipart([ident, answer(data)])
 
+if mode == "busy":  # a door over its connection caps: one id-less error, then the close
+    from tether.shared.errors import Busy
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(path)
+    srv.listen(16)
+    print("bound", flush=True)
+    while True:
+        conn, _ = srv.accept()
+        note("connection")
+        while not os.path.exists(log + ".go"):
+            time.sleep(0.01)
+        conn.sendall(framing.frame(protocol.encode_reply(protocol.error(None, Busy("busy")))))
+        conn.close()
+
 if mode == "late":  # a door that binds only after a while
     time.sleep(float(sys.argv[4]))
 srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -263,5 +277,56 @@ def test_a_request_larger_than_the_socket_buffer_never_blocks_the_loop(peers: An
             pass
         assert result()["pong"] == "inspect"
         assert requests_seen(log) == ["inspect"]
+    finally:
+        loop.close()
+
+
+def _dropping(loop: Loop, seen: list[str], name: str) -> Callable[[TetherError], None]:
+    """An error callback that, as the agent's ``trouble`` may (a supervisor found gone), drops
+    the link: unregistered, then closed."""
+    def on_err(exc: TetherError) -> None:
+        seen.append(name)
+        if loop.link.sock is not None:
+            loop.poller.unregister(loop.link.sock)
+        loop.link.close()
+    return on_err
+
+
+def test_a_callback_that_drops_the_link_on_an_id_less_error_ends_the_delivery(
+        peers: Any) -> None:
+    """An id-less error fails every request in flight; the first one's callback may drop the
+    link (which forgets the rest): the delivery stops there, no error escapes the loop."""
+    proc, path, log = peers("busy")
+    loop = Loop(path)
+    try:
+        seen: list[str] = []
+        for name in ("wait", "terminate"):
+            loop.link.request(name, {}, 5.0, lambda r: seen.append("ok"),
+                              _dropping(loop, seen, name))
+        with open(log + ".go", "w"):
+            pass
+        loop.run(lambda: loop.link.closed, 5, "the refusal")
+        assert seen == ["wait"]
+    finally:
+        loop.close()
+
+
+def test_a_callback_that_drops_the_link_on_a_timeout_leaves_the_expired_one_told(
+        peers: Any) -> None:
+    """A timeout resets the link and fails the others first: one of them may drop the link;
+    the request that timed out is still told, once, and no error escapes the timer."""
+    proc, path, log = peers("slow-reader")
+    loop = Loop(path)
+    try:
+        seen: list[str] = []
+        loop.link.request("terminate", {}, 0.2, lambda r: seen.append("ok"),
+                          lambda e: seen.append(f"expired: {e.message}"))
+        for name in ("wait", "claim"):
+            loop.link.request(name, {}, 30.0, lambda r: seen.append("ok"),
+                              _dropping(loop, seen, name))
+        loop.run(lambda: len(seen) >= 2, 5, "the timeout")
+        assert seen == ["wait", "expired: supervisor of job 1.1 did not answer 'terminate' "
+                                "within 0.2s"]
+        assert loop.link.closed and not loop.link.pending
     finally:
         loop.close()
