@@ -88,8 +88,9 @@ class Link:
         self.release = "?"
         #: the peer serves ZeroMQ (before 0.5.0): every request goes through a DEALER
         self.legacy = False
-        #: native: frames not handed to a connection yet (none open, or it listens first)
-        self.queue: list[bytes] = []
+        #: native: (request id, frame) not handed to a connection yet (none open, or it
+        #: listens first); a request no longer waited for is never sent
+        self.queue: list[tuple[int, bytes]] = []
         self.retry: Timer | None = None
         #: the open connection listens before it speaks until this fires (see the docstring)
         self.probe: Timer | None = None
@@ -151,7 +152,7 @@ class Link:
         if self.legacy:
             self._send_zmq(rid, payload)
             return
-        self.queue.append(framing.frame(payload))
+        self.queue.append((rid, framing.frame(payload)))
         self._pump()
 
     def _send_zmq(self, rid: int, payload: bytes) -> None:
@@ -173,6 +174,7 @@ class Link:
         retry is due) and write what its buffer takes."""
         if self.closed or self.legacy:
             return
+        self.queue = [item for item in self.queue if item[0] in self.pending]
         if self.sock is None:
             if self.retry is not None or not self.queue:
                 return
@@ -203,6 +205,8 @@ class Link:
         """The connection closed or failed: requests sent on it wait for their deadlines;
         those not written yet go out on the next one. A fresh connection closed without a
         word while requests waited may mean a libzmq ROUTER: the next one listens first."""
+        if conn is not self.sock:
+            return  # replaced already: what it held was dealt with then
         self.queue[:0] = conn.frames_unsent()
         suspect = not conn.heard and bool(self.pending)
         self._replace(None)
@@ -261,17 +265,22 @@ class Link:
         except OSError as exc:
             log.warning("job %d: reading from its supervisor: %s", self.job, exc)
             frames, eof = [], True
-        if self.probe is not None and conn.heard:
+        spoke = self.probe is not None and conn.heard
+        if spoke:
+            assert self.probe is not None
             self.probe.cancel()  # it spoke first, and not in ZMTP: a door (a refusal, say)
             self.probe = None
-            self._pump()
+        # what it said first (a refusal fails what waits), then its end, then what waited to
+        # go out: never onto a connection that is already gone
         for payload in frames:
             self._deliver(payload)
             if self.closed or self.sock is not conn:
                 return
         if eof:
             self._dead(conn)
-        elif self.on_write is not None and not conn.closed:
+        elif spoke:
+            self._pump()
+        elif self.on_write is not None:
             self.on_write(conn, conn.wants_write)
 
     # ---- replies ------------------------------------------------------------------------

@@ -9,10 +9,10 @@ job's). The DEALER stays for the supervisors of 0.1.0 to 0.4.0, which serve Zero
 switches to it when such a peer shows itself (agent/link.py).
 
 A ``Conn`` is connected when it exists (``open`` raises ``OSError`` otherwise: nobody listening
-yet, gone, or its backlog full). Frames to send queue whole, and what the socket's buffer does
-not take waits for the poller's "writable" (``wants_write``). ``frames_unsent`` are the frames
-of which not one byte left: after the connection dies they may go out on the next one, since
-the peer cannot have seen them.
+yet, gone, or its backlog full). Frames to send queue whole (``out``: each with its request's
+id), and what the socket's buffer does not take waits for the poller's "writable"
+(``wants_write``). ``frames_unsent`` are the frames of which not one byte left: after the
+connection dies they may go out on the next one, since the peer cannot have seen them.
 """
 
 from __future__ import annotations
@@ -35,8 +35,9 @@ class Conn:
         self.sock = sock
         self.fd = sock.fileno()
         self.deframer = framing.Deframer(MAX_FRAME)
-        #: whole frames to send, oldest first; the first may be partly sent (``sent``)
-        self.out: collections.deque[bytes] = collections.deque()
+        #: (request id, whole frame) to send, oldest first; the first may be partly sent
+        #: (``sent`` bytes of it)
+        self.out: collections.deque[tuple[int, bytes]] = collections.deque()
         self.sent = 0
         #: anything received on this connection yet (a peer that closes before saying a
         #: word may be a libzmq ROUTER that refused our frame: agent/link.py)
@@ -71,16 +72,11 @@ class Conn:
     def wants_write(self) -> bool:
         return bool(self.out)
 
-    def send(self, frame: bytes) -> None:
-        """Queue one whole frame and write what the socket takes now. ``OSError`` (EPIPE,
-        ECONNRESET) if the connection is dead."""
-        self.out.append(frame)
-        self.flush()
-
     def flush(self) -> None:
-        """Write queued bytes until the socket's buffer is full or nothing is left."""
+        """Write queued bytes until the socket's buffer is full or nothing is left. ``OSError``
+        (EPIPE, ECONNRESET) if the connection is dead."""
         while self.out:
-            head = self.out[0]
+            head = self.out[0][1]
             try:
                 n = self.sock.send(memoryview(head)[self.sent:] if self.sent else head)
             except BlockingIOError:
@@ -92,7 +88,7 @@ class Conn:
                 self.out.popleft()
                 self.sent = 0
 
-    def frames_unsent(self) -> list[bytes]:
+    def frames_unsent(self) -> list[tuple[int, bytes]]:
         """The queued frames of which no byte was written (see the module's docstring)."""
         rest = list(self.out)
         return rest[1:] if self.sent else rest

@@ -69,8 +69,15 @@ while True:
     conn, _ = srv.accept()
     n += 1
     note(f"connection {n}")
-    if mode in ("wordless-then-zmtp", "wordless-then-door") and n == 1:
+    if mode in ("wordless-then-zmtp", "wordless-then-door", "wordless-then-busy") and n == 1:
         conn.recv(1 << 16)  # what a ROUTER does with a frame that is no greeting
+        conn.close()
+        continue
+    if mode == "wordless-then-busy" and n == 2:  # then refuses the listening one, first
+        from tether.shared.errors import Busy
+        while not os.path.exists(log + ".go"):
+            time.sleep(0.01)
+        conn.sendall(framing.frame(protocol.encode_reply(protocol.error(None, Busy("busy")))))
         conn.close()
         continue
     if mode == "wordless-then-zmtp":
@@ -328,5 +335,28 @@ def test_a_callback_that_drops_the_link_on_a_timeout_leaves_the_expired_one_told
         assert seen == ["wait", "expired: supervisor of job 1.1 did not answer 'terminate' "
                                 "within 0.2s"]
         assert loop.link.closed and not loop.link.pending
+    finally:
+        loop.close()
+
+
+def test_a_refusal_heard_while_listening_first_fails_what_waits_and_sends_nothing_after(
+        peers: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A door may speak first on the listening connection (its refusal, then its close): what
+    waited fails with that refusal, nothing is written into the closing connection or sent
+    twice later, and the next request goes out on a fresh connection."""
+    monkeypatch.setattr(link_mod, "PROBE", 30.0)  # the refusal, not the timer, ends it
+    proc, path, log = peers("wordless-then-busy")
+    loop = Loop(path)
+    try:
+        first = loop.call("terminate", timeout=20.0)
+        loop.run(lambda: loop.link.probe is not None, 5, "the listening connection")
+        second = loop.call("wait", timeout=20.0)
+        with open(log + ".go", "w"):
+            pass
+        for result in (first, second):
+            with pytest.raises(TetherError, match="busy"):
+                result()
+        assert loop.call("claim")()["pong"] == "claim"
+        assert requests_seen(log) == ["claim"] and connections(log) == 3
     finally:
         loop.close()
