@@ -15,8 +15,11 @@ that runs other code than what is installed now; an unchanged template outlives 
 
 from __future__ import annotations
 
-import hashlib
 import os
+
+# the interpreter's own SHA-1, not hashlib's: that maps OpenSSL's libcrypto into the template
+# (and so into every supervisor it forks: mappings each fork copies and each exit tears down)
+from _sha1 import sha1
 
 import msgpack
 
@@ -40,7 +43,7 @@ def code_identity() -> str:
     """The release and a digest of the supervisor's source files (and its one compiled
     extension) as they are on disk now."""
     root = os.path.dirname(os.path.abspath(tether.__file__))
-    digest = hashlib.sha1(usedforsecurity=False)
+    digest = sha1(usedforsecurity=False)
     for sub in ("", "shared", "supervisor"):
         folder = os.path.join(root, sub)
         try:

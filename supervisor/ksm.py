@@ -21,7 +21,6 @@ this process: its tasks were forked before it, and a mark on a mapping ends with
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import logging
 import os
 import struct
@@ -42,7 +41,7 @@ PAGE = os.sysconf("SC_PAGE_SIZE")
 PRESENT = 1 << 63
 EXCLUSIVE = 1 << 56
 
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+_libc = ctypes.CDLL(None, use_errno=True)  # libc's symbols, as the interpreter links them
 _libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
 _libc.madvise.restype = ctypes.c_int
 

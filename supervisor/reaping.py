@@ -155,8 +155,14 @@ class Reaping(SupervisorState):
         self.write_record()
         if self.cgroup.active and not self.cgroup.remove():
             log.error("cannot remove the step's cgroup %s", self.cgroup.dirs)
-        log.info("step ended: %s", self.record)
         assert self.record is not None
+        # the record itself is in exit.json (and the agent's database): its outcome here
+        rec = self.record
+        how = (f"killed by {signal_name(rec['signal'])}" if rec["signal"] is not None
+               else f"exit code {rec['exit_code']}" if rec["exit_code"] is not None
+               else "no exit status")
+        log.info("step ended: %s, %s%s", rec["state"], how,
+                 f" ({rec['reason']})" if rec["reason"] else "")
         self.emit("step_ended", state=self.record["state"], exit_code=self.record["exit_code"],
                   signal=self.record["signal"], reason=self.record["reason"])
         self.release_waiters()

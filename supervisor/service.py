@@ -31,7 +31,6 @@ import contextlib
 import logging
 import os
 import select
-import shutil
 import signal
 import socket
 import stat
@@ -157,7 +156,7 @@ class Supervisor(Requests, Claims, Terminating, Reaping, PmiLoop, Recording, Fol
             self.sweeper.close()
             self.scans.close()
             if self.remove_rundir:
-                shutil.rmtree(self.rd.path, ignore_errors=True)
+                remove_tree(self.rd.path)
         log.info("supervisor exits")
         return status
 
@@ -235,3 +234,38 @@ def reset_signal_dispositions(*, unblock: bool = True) -> None:
 
 def _wake_only(signum: int, frame: object) -> None:
     """The real work happens in the loop, woken through the wakeup fd."""
+
+
+def remove_tree(path: str) -> None:
+    """Remove the run directory and everything in it (files, sockets, ``ctl/``), following no
+    symlink, errors ignored (what stays, the agent removes once the lock is free). Not
+    ``shutil.rmtree``: shutil imports bz2 and lzma, whose libraries every fork would copy."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        _empty(fd, 0)
+    finally:
+        os.close(fd)
+    with contextlib.suppress(OSError):
+        os.rmdir(path)
+
+
+def _empty(dir_fd: int, depth: int) -> None:
+    with os.scandir(dir_fd) as entries:
+        names = [(e.name, e.is_dir(follow_symlinks=False)) for e in entries]
+    for name, is_dir in names:
+        with contextlib.suppress(OSError):
+            if not is_dir:
+                os.unlink(name, dir_fd=dir_fd)
+                continue
+            if depth >= 8:  # a run directory is two levels deep: nothing of ours is deeper
+                continue
+            sub = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                          dir_fd=dir_fd)
+            try:
+                _empty(sub, depth + 1)
+            finally:
+                os.close(sub)
+            os.rmdir(name, dir_fd=dir_fd)

@@ -80,7 +80,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
-import ctypes.util
 import errno
 import gc
 import logging
@@ -109,7 +108,9 @@ REQUEST_TIMEOUT = 2.0
 #: Exit status of a forked supervisor that failed before its own ``main`` could report.
 EXIT_SETUP_FAILED = 70
 
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+# libc's symbols, as the interpreter links them: not ctypes.util, which imports shutil and
+# tempfile (and with them bz2, lzma and their libraries: mappings every fork copies)
+_libc = ctypes.CDLL(None, use_errno=True)
 _libc.srand.argtypes = [ctypes.c_uint]
 _libc.srand.restype = None
 
