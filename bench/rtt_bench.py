@@ -5,7 +5,7 @@
 1. One client, one supervisor: ``--calls`` sequential ``state`` calls (after 1000 warm-up),
    through the door (``shared.client.Client``: plain AF_UNIX, length-prefixed msgpack), and,
    as the reference measured in the same run, through the supervisor's ZeroMQ socket in ctl/
-   (a DEALER, as the agent talks to it; as root only).
+   (a DEALER, as agents before 0.5.0 talk to it; as root only).
 2. ``--jobs`` supervisors queried in parallel from one process through their doors: one
    connection per supervisor, one request in flight on each, the next sent as soon as its
    reply lands, ``--calls`` replies in all.
