@@ -17,9 +17,13 @@ from __future__ import annotations
 
 import os
 
-# the interpreter's own SHA-1, not hashlib's: that maps OpenSSL's libcrypto into the template
-# (and so into every supervisor it forks: mappings each fork copies and each exit tears down)
-from _sha1 import sha1
+try:
+    # the interpreter's own SHA-1, not hashlib's: that maps OpenSSL's libcrypto into the
+    # template (and so into every supervisor it forks: mappings each fork copies, each exit
+    # tears down)
+    from _sha1 import sha1
+except ImportError:  # a Python built without its own hashes (--with-builtin-hashlib-hashes)
+    from hashlib import sha1
 
 import msgpack
 
