@@ -151,6 +151,12 @@ class Loop:
                     self.link.readable()
             self.timers.run_due(time.monotonic())
 
+    def __enter__(self) -> Loop:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def close(self) -> None:
         if self.link.sock is not None:
             self.poller.unregister(self.link.sock)
@@ -201,29 +207,23 @@ def connections(log: str) -> int:
 
 def test_a_door_is_spoken_to_natively_and_named_by_the_kernel(peers: Any) -> None:
     proc, path, log = peers("door")
-    loop = Loop(path)
-    try:
+    with Loop(path) as loop:
         assert loop.link.peer_pid == proc.pid and loop.link.peer_uid == os.getuid()
         first, second = loop.call("hello"), loop.call("wait")
         assert second() == {"pong": "wait", "pid": proc.pid}
         assert first()["pong"] == "hello"
         assert not loop.link.legacy
         assert requests_seen(log) == ["hello", "wait"]
-    finally:
-        loop.close()
 
 
 def test_a_router_before_0_5_gets_its_requests_through_a_dealer(peers: Any) -> None:
     proc, path, log = peers("router")
-    loop = Loop(path)
-    try:
+    with Loop(path) as loop:
         assert loop.call("hello")() == {"pong": "hello", "pid": proc.pid}
         assert loop.link.legacy and isinstance(loop.link.sock, zmq.Socket)
         assert loop.link.peer_pid == proc.pid  # Peer-Address, as before
         assert loop.call("wait")()["pong"] == "wait"
         assert requests_seen(log) == ["hello", "wait"]
-    finally:
-        loop.close()
 
 
 def test_a_router_closing_before_its_greeting_is_found_by_listening_first(
@@ -231,13 +231,10 @@ def test_a_router_closing_before_its_greeting_is_found_by_listening_first(
     """libzmq may read our frame and drop the connection before it sends its greeting: the
     link's next connection listens first, hears ZMTP, and the request goes again, once."""
     proc, path, log = peers("wordless-then-zmtp")
-    loop = Loop(path)
-    try:
+    with Loop(path) as loop:
         assert loop.call("claim")() == {"pong": "claim", "pid": proc.pid}
         assert loop.link.legacy
         assert requests_seen(log) == ["claim"]
-    finally:
-        loop.close()
 
 
 def test_a_door_that_closed_a_connection_wordlessly_is_not_sent_the_request_again(
@@ -246,8 +243,7 @@ def test_a_door_that_closed_a_connection_wordlessly_is_not_sent_the_request_agai
     work: the request waits for its deadline, as on a DEALER; later ones go natively."""
     monkeypatch.setattr(link_mod, "PROBE", 0.05)
     proc, path, log = peers("wordless-then-door")
-    loop = Loop(path)
-    try:
+    with Loop(path) as loop:
         lost = loop.call("terminate", timeout=1.0)
         loop.run(lambda: connections(log) == 2 and loop.link.probe is None, 5,
                  "a second connection, listening first, to give up")
@@ -256,25 +252,19 @@ def test_a_door_that_closed_a_connection_wordlessly_is_not_sent_the_request_agai
             lost()
         assert not loop.link.legacy
         assert requests_seen(log) == ["wait"]  # the first connection read and dropped it
-    finally:
-        loop.close()
 
 
 def test_a_peer_that_binds_late_gets_the_request_once_it_listens(peers: Any) -> None:
     proc, path, log = peers("late", "0.3", wait_bound=False)
-    loop = Loop(path)
-    try:
+    with Loop(path) as loop:
         assert loop.link.sock is None  # nobody listened yet
         assert loop.call("hello")()["pid"] == proc.pid
         assert requests_seen(log) == ["hello"]
-    finally:
-        loop.close()
 
 
 def test_a_request_larger_than_the_socket_buffer_never_blocks_the_loop(peers: Any) -> None:
     proc, path, log = peers("slow-reader")
-    loop = Loop(path)
-    try:
+    with Loop(path) as loop:
         big = {"blob": "x" * 900_000}
         t0 = time.monotonic()
         result = loop.call("inspect", big)
@@ -284,8 +274,6 @@ def test_a_request_larger_than_the_socket_buffer_never_blocks_the_loop(peers: An
             pass
         assert result()["pong"] == "inspect"
         assert requests_seen(log) == ["inspect"]
-    finally:
-        loop.close()
 
 
 def _dropping(loop: Loop, seen: list[str], name: str) -> Callable[[TetherError], None]:
@@ -304,8 +292,7 @@ def test_a_callback_that_drops_the_link_on_an_id_less_error_ends_the_delivery(
     """An id-less error fails every request in flight; the first one's callback may drop the
     link (which forgets the rest): the delivery stops there, no error escapes the loop."""
     proc, path, log = peers("busy")
-    loop = Loop(path)
-    try:
+    with Loop(path) as loop:
         seen: list[str] = []
         for name in ("wait", "terminate"):
             loop.link.request(name, {}, 5.0, lambda r: seen.append("ok"),
@@ -314,8 +301,6 @@ def test_a_callback_that_drops_the_link_on_an_id_less_error_ends_the_delivery(
             pass
         loop.run(lambda: loop.link.closed, 5, "the refusal")
         assert seen == ["wait"]
-    finally:
-        loop.close()
 
 
 def test_a_callback_that_drops_the_link_on_a_timeout_leaves_the_expired_one_told(
@@ -323,8 +308,7 @@ def test_a_callback_that_drops_the_link_on_a_timeout_leaves_the_expired_one_told
     """A timeout resets the link and fails the others first: one of them may drop the link;
     the request that timed out is still told, once, and no error escapes the timer."""
     proc, path, log = peers("slow-reader")
-    loop = Loop(path)
-    try:
+    with Loop(path) as loop:
         seen: list[str] = []
         loop.link.request("terminate", {}, 0.2, lambda r: seen.append("ok"),
                           lambda e: seen.append(f"expired: {e.message}"))
@@ -335,8 +319,6 @@ def test_a_callback_that_drops_the_link_on_a_timeout_leaves_the_expired_one_told
         assert seen == ["wait", "expired: supervisor of job 1.1 did not answer 'terminate' "
                                 "within 0.2s"]
         assert loop.link.closed and not loop.link.pending
-    finally:
-        loop.close()
 
 
 def test_a_refusal_heard_while_listening_first_fails_what_waits_and_sends_nothing_after(
@@ -346,8 +328,7 @@ def test_a_refusal_heard_while_listening_first_fails_what_waits_and_sends_nothin
     twice later, and the next request goes out on a fresh connection."""
     monkeypatch.setattr(link_mod, "PROBE", 30.0)  # the refusal, not the timer, ends it
     proc, path, log = peers("wordless-then-busy")
-    loop = Loop(path)
-    try:
+    with Loop(path) as loop:
         first = loop.call("terminate", timeout=20.0)
         loop.run(lambda: loop.link.probe is not None, 5, "the listening connection")
         second = loop.call("wait", timeout=20.0)
@@ -358,5 +339,3 @@ def test_a_refusal_heard_while_listening_first_fails_what_waits_and_sends_nothin
                 result()
         assert loop.call("claim")()["pong"] == "claim"
         assert requests_seen(log) == ["claim"] and connections(log) == 3
-    finally:
-        loop.close()
