@@ -137,8 +137,14 @@ FORK_TWICE = False
 _environ: dict[str, str] = {}
 
 
+def _formatter(prog: str) -> argparse.HelpFormatter:
+    # a width of its own: argparse's default asks shutil for the terminal's, and shutil
+    # imports bz2 and lzma (their libraries mapped here: mappings every fork copies)
+    return argparse.HelpFormatter(prog, width=80)
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="tether-template")
+    p = argparse.ArgumentParser(prog="tether-template", formatter_class=_formatter)
     p.add_argument("--socket", required=True)
     p.add_argument("--ksm", action="store_true",
                    help="its supervisors mark their own copies mergeable (agent --ksm)")

@@ -370,3 +370,21 @@ def test_where_clone_parent_is_refused_the_template_forks_twice(make_node: objec
     assert st.session not in (tst.session, sup)
     node.ok("cancel", str(job))
     assert node.wait_end(job)["state"] == "cancelled"
+
+
+def test_the_template_and_its_supervisors_map_no_compression_or_crypto_library(
+        node: Node) -> None:
+    """Every shared object the template maps, each fork copies the mappings of and each exit
+    tears down: shutil (argparse's help formatter asks it for the terminal's width) brings
+    bz2 and lzma with their libraries, hashlib OpenSSL's libcrypto; none is a supervisor's."""
+    node.start()
+    template = wait_template(node)
+    job = node.submit("sleep", "60")
+    sup = supervisor_of(node, job)
+    for pid in (template, sup):
+        with open(f"/proc/{pid}/maps") as f:
+            libs = {os.path.basename(ln.split()[-1]) for ln in f if ".so" in ln}
+        assert not [n for n in libs if any(w in n for w in ("bz2", "lzma", "crypto", "hashlib"))], (
+            pid, sorted(libs))
+    node.ok("cancel", str(job))
+    assert node.wait_end(job)["state"] == "cancelled"
