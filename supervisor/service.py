@@ -245,7 +245,8 @@ def remove_tree(path: str) -> None:
     except OSError:
         return
     try:
-        _empty(fd, 0)
+        with contextlib.suppress(OSError):  # scandir's own fd (EMFILE), as in _empty's subdirs
+            _empty(fd, 0)
     finally:
         os.close(fd)
     with contextlib.suppress(OSError):
