@@ -24,12 +24,12 @@ before, and says so once.
 (``PyOS_BeforeFork``, ``PyOS_AfterFork_Child``/``_Parent``: what ``os.fork`` does around
 ``fork``), with the GIL held as ``os.fork`` holds it. What libc's ``fork`` adds, and why a
 single-threaded process without it is sound: its ``pthread_atfork`` handlers (none: of the
-shared objects this process maps, none imports ``pthread_atfork`` or ``__register_atfork``,
-libcrypto included, by ``nm -D``; no supervisor module imports ZeroMQ, so libzmq is not
-mapped), its malloc and stdio locks (taken only
-when other threads exist: there are none), the robust-mutex list (none used) and the cached
-thread id in the child's thread descriptor (left at the template's; glibc reads it only for
-another thread's signals and for robust or priority-inheriting mutexes: ``raise`` and
+shared objects this process maps, none imports ``pthread_atfork`` or ``__register_atfork``, by
+``nm -D``; no supervisor module imports ZeroMQ, hashlib or shutil, so neither libzmq nor
+libcrypto, libbz2 or liblzma is mapped: tests/test_template.py), its malloc and stdio locks
+(taken only when other threads exist: there are none), the robust-mutex list (none used) and the
+cached thread id in the child's thread descriptor (left at the template's; glibc reads it only
+for another thread's signals and for robust or priority-inheriting mutexes: ``raise`` and
 ``pthread_kill`` of oneself ask the kernel for the id since glibc 2.34, because a ``vfork``
 child has the same stale id).
 
