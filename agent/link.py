@@ -201,6 +201,15 @@ class Link:
         self.retry = None
         self._pump()
 
+    def _stop(self, *, retry: bool = False) -> None:
+        """Cancel the listen-first window (and the connect retry, with ``retry``)."""
+        if self.probe is not None:
+            self.probe.cancel()
+            self.probe = None
+        if retry and self.retry is not None:
+            self.retry.cancel()
+            self.retry = None
+
     def _dead(self, conn: Conn) -> None:
         """The connection closed or failed: requests sent on it wait for their deadlines;
         those not written yet go out on the next one. A fresh connection closed without a
@@ -210,9 +219,7 @@ class Link:
         self.queue[:0] = conn.frames_unsent()
         suspect = not conn.heard and bool(self.pending)
         self._replace(None)
-        if self.probe is not None:
-            self.probe.cancel()
-            self.probe = None
+        self._stop()
         if not suspect:
             self._pump()
             return
@@ -236,12 +243,7 @@ class Link:
                  "DEALER", self.job)
         self.legacy = True
         self.queue.clear()
-        if self.retry is not None:
-            self.retry.cancel()
-            self.retry = None
-        if self.probe is not None:
-            self.probe.cancel()
-            self.probe = None
+        self._stop(retry=True)
         self._replace(self._dealer())
         for rid in list(self.pending):
             if rid in self.pending:
@@ -267,9 +269,7 @@ class Link:
             frames, eof = [], True
         spoke = self.probe is not None and conn.heard
         if spoke:
-            assert self.probe is not None
-            self.probe.cancel()  # it spoke first, and not in ZMTP: a door (a refusal, say)
-            self.probe = None
+            self._stop()  # it spoke first, and not in ZMTP: a door (a refusal, say)
         # what it said first (a refusal fails what waits), then its end, then what waited to
         # go out: never onto a connection that is already gone
         for payload in frames:
@@ -301,9 +301,7 @@ class Link:
             self._replace(self._dealer())
         else:  # the next request connects afresh
             self.queue.clear()
-            if self.probe is not None:
-                self.probe.cancel()
-                self.probe = None
+            self._stop()
             self._replace(None)
         # every other request in flight went out on the old socket: it will never be answered
         # (a callback may drop the link, which forgets the rest: ``close``)
@@ -382,10 +380,7 @@ class Link:
         for pend in self.pending.values():
             pend.timer.cancel()
         self.pending.clear()
-        for timer in (self.retry, self.probe):
-            if timer is not None:
-                timer.cancel()
-        self.retry = self.probe = None
+        self._stop(retry=True)
         self.queue.clear()
         sock, self.sock = self.sock, None
         if isinstance(sock, Conn):

@@ -40,6 +40,8 @@ class Poller:
         self.check: set[zmq.Socket[Any]] = set()
         #: fds unregistered since the last poll (``stale``)
         self.dropped: set[int] = set()
+        #: plain fds also watched for "writable" (``want_write``)
+        self.writing: set[int] = set()
 
     def register(self, item: Any, flags: int = POLLIN) -> None:
         """Watch ``item`` for input (``flags`` is accepted for zmq.Poller's sake: input only)."""
@@ -54,6 +56,7 @@ class Poller:
         except FileExistsError:  # the fd was reused while still registered: it is this now
             self.ep.modify(fd, select.EPOLLIN)
         self.items[fd] = item
+        self.writing.discard(fd)
 
     def unregister(self, item: Any) -> None:
         """Stop watching ``item``; KeyError if it is not watched (as zmq.Poller)."""
@@ -65,6 +68,7 @@ class Poller:
             if fd not in self.items:
                 raise KeyError(item)
         del self.items[fd]
+        self.writing.discard(fd)
         self.dropped.add(fd)
         try:
             self.ep.unregister(fd)
@@ -76,8 +80,13 @@ class Poller:
         a native link with bytes its socket's buffer did not take yet (agent/link_conn.py).
         Its readiness comes back as input, like the rest: its reader writes first."""
         fd = item if isinstance(item, int) else item.fileno()
-        if fd in self.items:
-            self.ep.modify(fd, select.EPOLLIN | (select.EPOLLOUT if on else 0))
+        if fd not in self.items or (fd in self.writing) == on:
+            return  # asked after every send and read: the system call only on a change
+        if on:
+            self.writing.add(fd)
+        else:
+            self.writing.discard(fd)
+        self.ep.modify(fd, select.EPOLLIN | (select.EPOLLOUT if on else 0))
 
     def touched(self, sock: zmq.Socket[Any]) -> None:
         """``sock`` was sent on: ask its events at the next poll (see the module's doc)."""
