@@ -90,39 +90,65 @@ def status(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
     return out
 
 
-def submit(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
-    args = req.args
-    check_known(args, req.kind, ("command", "name", "cpus", "gpus", "memory_mb", "ntasks",
-                                 "output", "error", "workdir", "env", "pmi", "user", "umask",
-                                 "time_limit", "hold", "dependency", "array", "begin"))
+#: the arguments of ``submit``
+SUBMIT_ARGS = ("command", "name", "cpus", "gpus", "memory_mb", "ntasks", "output", "error",
+               "workdir", "env", "pmi", "user", "umask", "time_limit", "hold", "dependency",
+               "array", "begin")
+
+
+def submission_args(args: Any, kind: str, extra: tuple[str, ...] = ()) -> dict[str, Any]:
+    """A submission's own arguments, checked (on one node and for a cluster alike): the
+    command, counts, paths (absolute, relative ones under ``workdir``), env, PMI, user."""
+    check_known(args, kind, SUBMIT_ARGS + extra)
     command = arg_str_list(args, "command")
     if not command or not command[0]:
         raise BadRequest("a job needs a command")
     if sum(len(a.encode()) + 1 for a in command) > MAX_COMMAND_BYTES:
         raise BadRequest(f"the command line is longer than {MAX_COMMAND_BYTES} bytes")
-    cpus = arg_int(args, "cpus", default=1, minimum=1, maximum=1 << 20)
-    gpus = arg_int(args, "gpus", default=0, minimum=0, maximum=1 << 16)
-    memory = arg_int(args, "memory_mb", default=0, minimum=0, maximum=1 << 40)
-    ntasks = arg_int(args, "ntasks", default=1, minimum=1, maximum=MAX_TASKS)
-    umask = arg_int(args, "umask", default=0o022, minimum=0, maximum=0o777)
+    out: dict[str, Any] = {"command": command}
+    out["cpus"] = arg_int(args, "cpus", default=1, minimum=1, maximum=1 << 20)
+    out["gpus"] = arg_int(args, "gpus", default=0, minimum=0, maximum=1 << 16)
+    out["memory_mb"] = arg_int(args, "memory_mb", default=0, minimum=0, maximum=1 << 40)
+    out["ntasks"] = arg_int(args, "ntasks", default=1, minimum=1, maximum=MAX_TASKS)
+    out["umask"] = arg_int(args, "umask", default=0o022, minimum=0, maximum=0o777)
     workdir = arg_str(args, "workdir")
     assert workdir is not None
     if not os.path.isabs(workdir):
         raise BadRequest(f"working directory {workdir!r} must be an absolute path")
-    workdir = os.path.normpath(workdir)
+    out["workdir"] = workdir = os.path.normpath(workdir)
     env = args.get("env", {})
     if not isinstance(env, dict) or not all(
         isinstance(k, str) and isinstance(v, str) and k and "=" not in k and "\0" not in k + v
         for k, v in env.items()
     ):
         raise BadRequest("'env' must map variable names to string values")
-    name = arg_str(args, "name", optional=True, max_len=256) or os.path.basename(command[0])[:256]
+    out["env"] = env
+    out["name"] = (arg_str(args, "name", optional=True, max_len=256)
+                   or os.path.basename(command[0])[:256])
     pmi = arg_str(args, "pmi", default="none")
     if pmi not in PMI_KINDS:
         raise BadRequest(f"unknown PMI {pmi!r}: use one of {', '.join(PMI_KINDS)}")
-    output = abs_path_arg(args, "output", workdir)
-    error = abs_path_arg(args, "error", workdir)
-    user_name = arg_str(args, "user", optional=True, max_len=64)
+    out["pmi"] = pmi
+    out["output"] = abs_path_arg(args, "output", workdir)
+    out["error"] = abs_path_arg(args, "error", workdir)
+    out["user"] = arg_str(args, "user", optional=True, max_len=64)
+    hold = args.get("hold", False)
+    if not isinstance(hold, bool):
+        raise BadRequest("argument 'hold' must be true or false")
+    out["hold"] = hold
+    return out
+
+
+def submit(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
+    args = req.args
+    if args.get("requeue") is not None:
+        raise BadRequest("--no-requeue applies to cluster jobs: this agent is no cluster's "
+                         "member")
+    sub = submission_args(args, req.kind, extra=("requeue",))
+    command, cpus, gpus, memory, ntasks, umask, workdir, env, name, pmi, output, error, \
+        user_name = (sub[k] for k in ("command", "cpus", "gpus", "memory_mb", "ntasks", "umask",
+                                      "workdir", "env", "name", "pmi", "output", "error",
+                                      "user"))
     sched = sched_args(agent, args)
     indices, array_max = array_arg(args)
     why = agent.ledger.never_fits(ResourceRequest(cpus * ntasks, gpus, memory))
@@ -372,9 +398,20 @@ HANDLERS: dict[str, Handler] = {
 }
 
 
+#: requests only a cluster's member answers
+CLUSTER_KINDS = ("nodes", "drain", "locate")
+
+
 def dispatch(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
+    if agent.cluster_requests is not None and req.kind in agent.cluster_requests.kinds:
+        # a cluster's member: jobs are the cluster's (cluster_api.py)
+        protocol.check_kind_version(req)
+        return agent.cluster_requests.dispatch(peer, req)
     handler = HANDLERS.get(req.kind)
     if handler is None:
+        if req.kind in CLUSTER_KINDS:
+            raise StateError(f"{req.kind!r} needs a cluster: the agent of node {agent.cfg.node} "
+                             "is no cluster's member")
         raise UnknownKind(f"unknown request kind {req.kind!r}")
     protocol.check_kind_version(req)
     return handler(agent, peer, req)

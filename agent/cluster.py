@@ -33,7 +33,7 @@ import secrets
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import psycopg
@@ -43,7 +43,10 @@ import tether
 from tether.agent import cluster_db, cluster_local, lifecycle_effects
 from tether.agent.job import FINAL, Job
 from tether.shared import cluster_db as shared_db
+from tether.shared import records
 from tether.shared.cluster_sql import CHANNEL_JOB, CHANNEL_QUEUE, demand
+from tether.shared.errors import TetherError
+from tether.shared.timers import rfc3339_now
 
 if TYPE_CHECKING:
     from tether.agent.daemon import Agent
@@ -53,9 +56,12 @@ log = logging.getLogger("tether.agent.cluster")
 
 @dataclass(frozen=True)
 class ClusterConfig:
-    dsn: str
+    #: the node's own connection string (its role and password): never logged, never shown
+    dsn: str = field(repr=False)
     #: seconds between heartbeats
     heartbeat: float = 2.0
+    #: a login node: serves its users' requests and the cluster, owns no resources
+    login: bool = False
 
 
 class ClusterNode:
@@ -64,11 +70,13 @@ class ClusterNode:
         self.cfg = cfg
         self.conn: shared_db.Conn | None = None
         self.fd: int | None = None
+        login = cfg.login
         self.info = cluster_db.NodeInfo(
             name=agent.cfg.node, host=socket.gethostname(), state_dir=agent.cfg.state_dir,
-            cpus=len(agent.ledger.cpu_ids), gpus=len(agent.ledger.gpu_ids),
-            memory_mb=agent.ledger.memory_mb, version=tether.__version__,
-            session=secrets.token_hex(8))
+            cpus=0 if login else len(agent.ledger.cpu_ids),
+            gpus=0 if login else len(agent.ledger.gpu_ids),
+            memory_mb=0 if login else agent.ledger.memory_mb, version=tether.__version__,
+            session=secrets.token_hex(8), login=login)
         self.timeout = 30.0
         #: monotonic time since which this agent has been connected and beating on time
         self.healthy_since: float | None = None
@@ -78,6 +86,8 @@ class ClusterNode:
         #: local jobs already told to stop (a cancel, or a stale attempt)
         self.stopping_local: set[int] = set()
         self.warned = False
+        #: the database's last refusal, logged once
+        self.refused = ""
         #: the local table exists (results finalized by the reattach before ``start`` are
         #: delivered by the outbox flush when the node joins)
         self.ready = False
@@ -89,6 +99,9 @@ class ClusterNode:
         db = self.agent.db
         cluster_local.ensure(db.conn)
         self.ready = True
+        # tells this node's CLI that job ids are the cluster's (inspect asks where one runs)
+        records.atomic_write_json(self.agent.layout.cluster_marker, {
+            "schema": records.SCHEMA, "node": self.info.name, "login": self.info.login})
         for run, state in cluster_local.open_runs(db.conn):
             if state == "pending":  # claimed in the very loop turn the last agent died in
                 self.stop_local(run, "abandoned at an agent restart before it started; the "
@@ -151,6 +164,8 @@ class ClusterNode:
                     claim = True
                 elif n.channel == CHANNEL_JOB:
                     sync = True
+                    if n.payload.isdigit() and self.agent.cluster_requests is not None:
+                        self.agent.cluster_requests.job_changed(int(n.payload))
             if sync:
                 self.reconcile()
             if claim:
@@ -172,8 +187,10 @@ class ClusterNode:
                             "work meanwhile", why)
                 self.warned = True
             self.disconnect()
-        except shared_db.ClusterError as exc:
-            log.error("cluster: %s", exc.message)
+        except TetherError as exc:  # refused: not a node's login, another agent has the node
+            if exc.message != self.refused:  # said once, not at every heartbeat
+                log.error("cluster: %s", exc.message)
+                self.refused = exc.message
             self.disconnect()
 
     def disconnect(self) -> None:
@@ -202,7 +219,7 @@ class ClusterNode:
         self.agent.extra_fds[self.fd] = self.readable
         shared_db.listen(conn, CHANNEL_QUEUE, CHANNEL_JOB)
         self.timeout = shared_db.heartbeat_timeout(conn)
-        was_down = cluster_db.register(conn, self.info, self.timeout)
+        was_down = cluster_db.register(conn, self.info)
         if self.warned:
             log.info("cluster database reachable again")
             self.warned = False
@@ -242,7 +259,7 @@ class ClusterNode:
         self.state = state
         assert self.healthy_since is not None
         if now - self.healthy_since > self.timeout:
-            for done in cluster_db.reap(self.conn, self.info.name, self.timeout):
+            for done in cluster_db.reap(self.conn):
                 log.warning("%s: requeued jobs %s, failed jobs %s", done["reason"],
                             done["requeued"], done["failed"])
         self.reconcile()
@@ -275,7 +292,7 @@ class ClusterNode:
             if found is None or found.status == "discarded":
                 why = (f"node {self.info.name} never started attempt {attempt} (its claim was "
                        "not recorded locally); queued again")
-                if cluster_db.requeue_unknown(self.conn, self.info.name, cj, attempt, why):
+                if cluster_db.requeue_unknown(self.conn, cj, attempt, why):
                     log.warning("cluster job %d: %s", cj, why)
 
     def stop_local(self, run: cluster_local.Run, why: str, *, discard: bool) -> None:
@@ -298,7 +315,7 @@ class ClusterNode:
 
     def report_running(self, run: cluster_local.Run, job: Job) -> None:
         assert self.conn is not None
-        cluster_db.set_running(self.conn, self.info.name, run.cluster_job, run.attempt, {
+        cluster_db.set_running(self.conn, run.cluster_job, run.attempt, run.local_job, {
             "started_at": job.started_at, "cpus": job.cpus, "gpus": job.gpus, "pids": job.pids,
             "supervisor_pid": job.supervisor_pid})
 
@@ -315,9 +332,8 @@ class ClusterNode:
                 "state": job.state, "exit_code": job.exit_code, "signal": job.signal,
                 "reason": job.reason, "started_at": job.started_at, "ended_at": job.ended_at,
                 "pids": job.pids, "supervisor_pid": job.supervisor_pid, "cpus": job.cpus,
-                "gpus": job.gpus}
-            refused = cluster_db.report(self.conn, self.info.name, run.cluster_job,
-                                        run.attempt, result)
+                "gpus": job.gpus, "local_job": job.id}
+            refused = cluster_db.report(self.conn, run.cluster_job, run.attempt, result)
             # After the cluster's commit: a crash before this line reports again, and the
             # cluster refuses the repeat because the job is no longer active.
             cluster_local.set_status(db.conn, run.local_job,
@@ -332,7 +348,8 @@ class ClusterNode:
     # ---- taking work -----------------------------------------------------------------------
 
     def claim(self) -> None:
-        if self.conn is None or self.state not in ("up", "draining") or self.agent.stopping:
+        if self.conn is None or self.state not in ("up", "draining") or self.agent.stopping \
+                or self.info.login:
             return
         ledger = self.agent.ledger
         db = self.agent.db
@@ -343,23 +360,36 @@ class ClusterNode:
             free = [f - n for f, n in zip(free, need, strict=True)]
         if min(free) < 0 or free[0] == 0:
             return
-        size = (len(ledger.cpu_ids), len(ledger.gpu_ids), ledger.memory_mb)
-        db.begin()
-        try:
-            claimed = cluster_db.claim(
-                self.conn, self.info, (free[0], free[1], free[2]), size,
-                lambda row, attempt: cluster_local.record(db.conn, row, attempt))
-            db.commit()
-        except BaseException:
-            db.rollback()
-            raise
-        if claimed is None:
+        rows = cluster_db.claim(self.conn, self.info, (free[0], free[1], free[2]))
+        if rows is None:
             log.warning("node %s is not up in the cluster: rejoining", self.info.name)
             self.disconnect()
             self.join()
             return
-        for c in claimed:
-            log.info("claimed cluster job %d attempt %d as local job %d", c.job, c.attempt,
-                     c.local_job)
-        if claimed:
+        # The claims are the cluster's now; recorded here in one local transaction. A crash
+        # before it commits leaves claims with no local job: reconcile queues them again.
+        taken: list[tuple[dict[str, Any], int]] = []
+        bad: list[tuple[dict[str, Any], str]] = []
+        db.begin()
+        try:
+            for row in rows:
+                why = cluster_local.invalid(row)
+                if why is not None:
+                    bad.append((row, why))
+                    continue
+                taken.append((row, cluster_local.record(db.conn, row, int(row["attempt"]))))
+            db.commit()
+        except BaseException:
+            db.rollback()
+            raise
+        for row, local in taken:
+            log.info("claimed cluster job %d attempt %d as local job %d", row["id"],
+                     row["attempt"], local)
+        for row, why in bad:  # the database let it through; this node cannot run it
+            log.warning("cluster job %d attempt %d cannot run: %s", row["id"], row["attempt"],
+                        why)
+            cluster_db.report(self.conn, int(row["id"]), int(row["attempt"]), {
+                "state": "failed", "reason": f"cannot run: {why}", "exit_code": None,
+                "signal": None, "ended_at": rfc3339_now()})
+        if taken:
             self.agent.schedule_due = True

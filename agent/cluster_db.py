@@ -1,39 +1,29 @@
 """The agent's side of the cluster database (I/O): join, heartbeat, claim, report, declare down.
 
-Every function is one short transaction on the agent's own autocommit connection. Nothing here
-waits on a lock held by another agent: claims and node reaping take rows ``FOR UPDATE SKIP
-LOCKED``; the rest lock one row the caller owns. A node's clock never matters: heartbeat ages
-are measured with the database server's ``clock_timestamp()``.
+Every function is one call of a function of ``shared/cluster_funcs.py``, one statement on the
+agent's own autocommit connection, as the node's own role: the database knows which node calls
+and lets it change only its own rows. Nothing here waits on a lock held by another agent:
+claims and node reaping take rows ``FOR UPDATE SKIP LOCKED``; the rest lock one row the caller
+owns. A node's clock never matters: heartbeat ages are measured with the database server's
+``clock_timestamp()``.
 
-Why a result cannot be recorded twice or for the wrong attempt: ``report`` locks the job's row
-and writes the result only if the row still names this node, this attempt and an active state,
-in the same transaction. Declaring a node down moves its jobs out of those states in one
-transaction, so a late result from that node finds the job pending, elsewhere or final, and is
-refused.
+Why a result cannot be recorded twice or for the wrong attempt: ``tether_report`` locks the
+job's row and writes the result only if the row still names this node, this attempt and an
+active state, in the same transaction. Declaring a node down moves its jobs out of those
+states in one transaction, so a late result from that node finds the job pending, elsewhere or
+final, and is refused.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import psycopg
 from psycopg.types.json import Jsonb
 
-from tether.shared.cluster_db import ClusterError, Conn
-from tether.shared.cluster_sql import (
-    ACTIVE,
-    CHANNEL_JOB,
-    CHANNEL_QUEUE,
-    JOB_COLUMNS,
-    demand,
-    never_fits,
-)
-
-#: Queued jobs looked at per claim (the oldest first).
-CLAIM_WINDOW = 64
-
-_NOW_TEXT = "to_char(clock_timestamp() AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"')"
+from tether.shared.cluster_db import Conn, NodeNotUp, call, translated
+from tether.shared.cluster_sql import ACTIVE
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,113 +36,34 @@ class NodeInfo:
     memory_mb: int
     version: str
     session: str
+    #: a login node: serves its users' requests, owns no resources, claims nothing
+    login: bool = False
 
 
-@dataclass(frozen=True, slots=True)
-class Claimed:
-    job: int
-    attempt: int
-    local_job: int
-
-
-def register(conn: Conn, info: NodeInfo, timeout: float) -> bool:
-    """Join (or rejoin) the cluster. True if the node had been declared down meanwhile (it
-    stays ``down`` until ``mark_up``, after the caller has reconciled)."""
-    with conn.transaction():
-        row = conn.execute(
-            "SELECT state, host, state_dir, extract(epoch FROM clock_timestamp() - heartbeat) "
-            "AS age FROM tether_nodes WHERE name = %s FOR UPDATE", (info.name,)).fetchone()
-        values = {"name": info.name, "host": info.host, "state_dir": info.state_dir,
-                  "cpus": info.cpus, "gpus": info.gpus, "memory_mb": info.memory_mb,
-                  "version": info.version, "session": info.session}
-        if row is None:
-            conn.execute(
-                "INSERT INTO tether_nodes (name, host, state_dir, state, cpus, gpus, memory_mb, "
-                "version, session, heartbeat, registered_at) VALUES (%(name)s, %(host)s, "
-                "%(state_dir)s, 'up', %(cpus)s, %(gpus)s, %(memory_mb)s, %(version)s, "
-                "%(session)s, clock_timestamp(), clock_timestamp())", values)
-            return False
-        if (row["state"] == "up" and float(row["age"]) < timeout
-                and (row["host"], row["state_dir"]) != (info.host, info.state_dir)):
-            raise ClusterError(
-                f"node {info.name!r} is up with another agent (host {row['host']}, state dir "
-                f"{row['state_dir']}, heartbeat {float(row['age']):.1f}s ago): pick another "
-                "--node")
-        conn.execute(
-            "UPDATE tether_nodes SET host = %(host)s, state_dir = %(state_dir)s, cpus = %(cpus)s,"
-            " gpus = %(gpus)s, memory_mb = %(memory_mb)s, version = %(version)s, session = "
-            "%(session)s, heartbeat = clock_timestamp(), registered_at = clock_timestamp() "
-            "WHERE name = %(name)s", values)
-        return bool(row["state"] == "down")
+def register(conn: Conn, info: NodeInfo) -> bool:
+    """Join (or rejoin) the cluster. True if the node was down (never joined, or declared down
+    meanwhile): it stays ``down`` until ``mark_up``, after the caller has reconciled."""
+    return bool(call(conn, "SELECT tether_register(%s, %s, %s, %s, %s, %s, %s, %s, %s)",
+                     (info.name, info.host, info.state_dir, info.cpus, info.gpus,
+                      info.memory_mb, info.version, info.session, info.login)))
 
 
 def mark_up(conn: Conn, info: NodeInfo) -> None:
-    with conn.transaction():
-        conn.execute("UPDATE tether_nodes SET state = 'up', reason = NULL, heartbeat = "
-                     "clock_timestamp() WHERE name = %s AND session = %s",
-                     (info.name, info.session))
-        conn.execute("SELECT pg_notify(%s, '')", (CHANNEL_QUEUE,))
+    call(conn, "SELECT tether_mark_up(%s)", (info.session,))
 
 
 def heartbeat(conn: Conn, info: NodeInfo) -> str:
     """``up``, ``draining``, ``down`` (declared down meanwhile) or ``taken`` (another agent
     registered this name since)."""
-    row = conn.execute(
-        "UPDATE tether_nodes SET heartbeat = clock_timestamp() WHERE name = %s AND session = %s "
-        "AND state = 'up' RETURNING drain", (info.name, info.session)).fetchone()
-    if row is not None:
-        return "draining" if row["drain"] else "up"
-    row = conn.execute("SELECT state, session FROM tether_nodes WHERE name = %s",
-                       (info.name,)).fetchone()
-    if row is None or row["session"] != info.session:
-        return "taken"
-    return "down"
+    return str(call(conn, "SELECT tether_heartbeat(%s)", (info.session,)))
 
 
-def reap(conn: Conn, me: str, timeout: float) -> list[dict[str, Any]]:
-    """Declare down every up node whose heartbeat is older than ``timeout`` (never ``me``): one
-    transaction per node, which requeues its active jobs (attempt + 1 at their next claim) or
-    fails those submitted with ``--no-requeue``. Returns what it did, per node."""
-    done: list[dict[str, Any]] = []
-    while True:
-        with conn.transaction():
-            node = conn.execute(
-                "SELECT name, extract(epoch FROM clock_timestamp() - heartbeat) AS age FROM "
-                "tether_nodes WHERE state = 'up' AND name <> %s AND heartbeat < "
-                "clock_timestamp() - make_interval(secs => %s) ORDER BY name LIMIT 1 "
-                "FOR UPDATE SKIP LOCKED", (me, timeout)).fetchone()
-            if node is None:
-                return done
-            why = (f"node {node['name']} missed its heartbeats (last {float(node['age']):.1f}s "
-                   f"ago, timeout {timeout:g}s); declared down by {me}")
-            conn.execute("UPDATE tether_nodes SET state = 'down', reason = %s WHERE name = %s",
-                         (why, node["name"]))
-            jobs = conn.execute(
-                "SELECT id, attempt, requeue, cancel_requested FROM tether_jobs WHERE node = %s "
-                "AND state = ANY(%s) FOR UPDATE", (node["name"], list(ACTIVE))).fetchall()
-            requeued: list[int] = []
-            failed: list[int] = []
-            for j in jobs:
-                if j["cancel_requested"]:
-                    state, reason = "cancelled", f"cancelled; {why}"
-                elif j["requeue"]:
-                    state, reason = "pending", f"requeued after attempt {j['attempt']}: {why}"
-                else:
-                    state, reason = "failed", f"{why}; not requeued (--no-requeue)"
-                (requeued if state == "pending" else failed).append(j["id"])
-                conn.execute(
-                    "UPDATE tether_jobs SET state = %s, reason = %s, node = CASE WHEN %s = "
-                    f"'pending' THEN NULL ELSE node END, ended_at = CASE WHEN %s = 'pending' "
-                    f"THEN NULL ELSE {_NOW_TEXT} END WHERE id = %s",
-                    (state, reason, state, state, j["id"]))
-                conn.execute("UPDATE tether_attempts SET state = 'lost', reason = %s, ended_at = "
-                             "clock_timestamp() WHERE job = %s AND attempt = %s",
-                             (why, j["id"], j["attempt"]))
-                conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL_JOB, str(j["id"])))
-            if requeued:
-                conn.execute("SELECT pg_notify(%s, '')", (CHANNEL_QUEUE,))
-            done.append({"node": node["name"], "requeued": requeued, "failed": failed,
-                         "reason": why})
+def reap(conn: Conn) -> list[dict[str, Any]]:
+    """Declare down every node whose heartbeat is older than the cluster's timeout (the
+    database decides, by its clock, and only for a caller that is up itself); its jobs are
+    requeued, failed or cancelled. Returns what it did, per node."""
+    done = call(conn, "SELECT tether_reap()")
+    return list(done or [])
 
 
 def my_jobs(conn: Conn, me: str) -> list[dict[str, Any]]:
@@ -163,105 +74,42 @@ def my_jobs(conn: Conn, me: str) -> list[dict[str, Any]]:
     return rows
 
 
-def claim(conn: Conn, info: NodeInfo, free: tuple[int, int, int], size: tuple[int, int, int],
-          take_local: Callable[[dict[str, Any], int], int]) -> list[Claimed] | None:
-    """Claim queued jobs that fit ``free``, oldest first (None: this node may not take work).
+def claim(conn: Conn, info: NodeInfo, free: tuple[int, int, int]) -> list[dict[str, Any]] | None:
+    """Claim queued jobs that fit ``free``, oldest first: their rows (with ``env`` and the new
+    ``attempt``), or None when this node may not take work (not up: rejoin).
 
-    A job that could never run on a node of ``size`` is left to other nodes; the first one
-    that could but does not fit now ends the claim, so bigger jobs are not overtaken here.
-    ``take_local(row, attempt)`` records the job in the node's own store (inside a local
-    transaction the caller commits only after this returns) and gives its local id.
-    """
-    with conn.transaction():
-        node = conn.execute("SELECT state, drain, session FROM tether_nodes WHERE name = %s "
-                            "FOR SHARE", (info.name,)).fetchone()
-        if node is None or node["state"] != "up" or node["session"] != info.session:
+    The database commits the claims before the caller records them locally: a crash between
+    the two leaves claims with no local job, which the next reconcile queues again."""
+    try:
+        rows = conn.execute("SELECT tether_claim(%s, %s, %s, %s) AS row",
+                            (info.session, *free)).fetchall()
+    except psycopg.Error as exc:
+        err = translated(exc)
+        if isinstance(err, NodeNotUp):
             return None
-        if node["drain"]:
-            return []
-        rows = conn.execute(
-            f"SELECT {JOB_COLUMNS} FROM tether_jobs WHERE state = 'pending' ORDER BY id "
-            "LIMIT %s FOR UPDATE SKIP LOCKED", (CLAIM_WINDOW,)).fetchall()
-        left = list(free)
-        taken: list[Claimed] = []
-        for row in rows:
-            need = demand(row)
-            if never_fits(need, size):
-                continue
-            if any(n > f for n, f in zip(need, left, strict=True)):
-                break
-            left = [f - n for n, f in zip(need, left, strict=True)]
-            attempt = int(row["attempt"]) + 1
-            local = take_local(row, attempt)
-            conn.execute(
-                "UPDATE tether_jobs SET state = 'starting', attempt = %s, node = %s, local_job = "
-                "%s, reason = NULL, cpus = '[]', gpus = '[]', pids = '[]', supervisor_pid = NULL,"
-                " started_at = NULL WHERE id = %s", (attempt, info.name, local, row["id"]))
-            conn.execute("INSERT INTO tether_attempts (job, attempt, node, state) VALUES "
-                         "(%s, %s, %s, 'starting')", (row["id"], attempt, info.name))
-            taken.append(Claimed(row["id"], attempt, local))
-        return taken
+        raise err from None
+    return [r["row"] for r in rows]
 
 
-def set_running(conn: Conn, me: str, job: int, attempt: int, fields: dict[str, Any]) -> None:
-    conn.execute(
-        "UPDATE tether_jobs SET state = 'running', started_at = %s, cpus = %s, gpus = %s, "
-        "pids = %s, supervisor_pid = %s WHERE id = %s AND attempt = %s AND node = %s AND "
-        "state = 'starting'",
-        (fields["started_at"], Jsonb(fields["cpus"]), Jsonb(fields["gpus"]),
-         Jsonb(fields["pids"]), fields["supervisor_pid"], job, attempt, me))
-    conn.execute("UPDATE tether_attempts SET state = 'running' WHERE job = %s AND attempt = %s "
-                 "AND state = 'starting'", (job, attempt))
+def set_running(conn: Conn, job: int, attempt: int, local_job: int,
+                fields: dict[str, Any]) -> None:
+    call(conn, "SELECT tether_set_running(%s, %s, %s, %s, %s, %s, %s, %s)",
+         (job, attempt, local_job, fields["started_at"], Jsonb(fields["cpus"]),
+          Jsonb(fields["gpus"]), Jsonb(fields["pids"]), fields["supervisor_pid"]))
 
 
-def report(conn: Conn, me: str, job: int, attempt: int, result: dict[str, Any]) -> str | None:
+def report(conn: Conn, job: int, attempt: int, result: dict[str, Any]) -> str | None:
     """Record a final result for (job, attempt); None if recorded, else why it was refused."""
-    with conn.transaction():
-        row = conn.execute("SELECT state, attempt, node FROM tether_jobs WHERE id = %s FOR "
-                           "UPDATE", (job,)).fetchone()
-        if row is None:
-            return f"job {job} is not in the cluster"
-        if row["attempt"] != attempt or row["node"] != me or row["state"] not in ACTIVE:
-            return (f"job {job} attempt {attempt} is no longer current here (now attempt "
-                    f"{row['attempt']}, {row['state']}, node {row['node']})")
-        conn.execute(
-            "UPDATE tether_jobs SET state = %(state)s, exit_code = %(exit_code)s, signal = "
-            "%(signal)s, reason = %(reason)s, started_at = coalesce(%(started_at)s, started_at),"
-            " ended_at = %(ended_at)s, pids = %(pids)s, supervisor_pid = coalesce("
-            "%(supervisor_pid)s, supervisor_pid), cpus = %(cpus)s, gpus = %(gpus)s WHERE id = "
-            "%(id)s",
-            dict(result, id=job, pids=Jsonb(result["pids"]), cpus=Jsonb(result["cpus"]),
-                 gpus=Jsonb(result["gpus"])))
-        conn.execute("UPDATE tether_attempts SET state = %s, reason = %s, ended_at = "
-                     "clock_timestamp() WHERE job = %s AND attempt = %s",
-                     (result["state"], result["reason"], job, attempt))
-        conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL_JOB, str(job)))
-        conn.execute("SELECT pg_notify(%s, '')", (CHANNEL_QUEUE,))
-    return None
+    refused = call(conn, "SELECT tether_report(%s, %s, %s)", (job, attempt, Jsonb(result)))
+    return None if refused is None else str(refused)
 
 
-def requeue_unknown(conn: Conn, me: str, job: int, attempt: int, why: str) -> bool:
+def requeue_unknown(conn: Conn, job: int, attempt: int, why: str) -> bool:
     """A claim this node holds in the database but never recorded locally: it never ran here,
     so it goes back to the queue (or ends cancelled if that was asked)."""
-    with conn.transaction():
-        row = conn.execute(
-            "UPDATE tether_jobs SET state = CASE WHEN cancel_requested THEN 'cancelled' ELSE "
-            "'pending' END, node = CASE WHEN cancel_requested THEN node ELSE NULL END, reason = "
-            f"%s, ended_at = CASE WHEN cancel_requested THEN {_NOW_TEXT} END WHERE id = %s AND "
-            "attempt = %s AND node = %s AND state = ANY(%s) RETURNING id",
-            (why, job, attempt, me, list(ACTIVE))).fetchone()
-        conn.execute("UPDATE tether_attempts SET state = 'lost', reason = %s, ended_at = "
-                     "clock_timestamp() WHERE job = %s AND attempt = %s", (why, job, attempt))
-        conn.execute("SELECT pg_notify(%s, '')", (CHANNEL_QUEUE,))
-        conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL_JOB, str(job)))
-    return row is not None
+    return bool(call(conn, "SELECT tether_requeue_unknown(%s, %s, %s)", (job, attempt, why)))
 
 
 def leave_if_idle(conn: Conn, info: NodeInfo) -> bool:
     """Set the node ``down`` unless the database says it still runs something."""
-    row = conn.execute(
-        "UPDATE tether_nodes SET state = 'down', reason = 'its agent stopped while idle' WHERE "
-        "name = %s AND session = %s AND NOT EXISTS (SELECT 1 FROM tether_jobs WHERE node = %s "
-        "AND state = ANY(%s)) RETURNING name",
-        (info.name, info.session, info.name, list(ACTIVE))).fetchone()
-    return row is not None
+    return bool(call(conn, "SELECT tether_leave_if_idle(%s)", (info.session,)))

@@ -72,6 +72,35 @@ def record(conn: sqlite3.Connection, row: dict[str, Any], attempt: int) -> int:
     return int(local)
 
 
+def invalid(row: dict[str, Any]) -> str | None:
+    """Why a claimed row cannot become a local job, or None. The database checks rows already
+    (``tether_invalid``); this is the node's own check of what it is about to run as root's
+    agent, so a row that slipped through fails with a reason instead of breaking the claim."""
+    command, env = row.get("command"), row.get("env")
+    if not isinstance(command, list) or not command or not all(
+            isinstance(a, str) for a in command) or not command[0]:
+        return "command must be a non-empty array of strings"
+    if not isinstance(env, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) and k and "=" not in k and "\0" not in k + v
+            for k, v in env.items()):
+        return "env must map variable names to string values"
+    for key in ("cpus_per_task", "ntasks", "gpus_req", "memory_mb", "uid", "gid"):
+        if not isinstance(row.get(key), int) or isinstance(row.get(key), bool) or row[key] < 0:
+            return f"{key} must be a whole number"
+    for key in ("name", "output", "error", "workdir", "username", "pmi"):
+        if not isinstance(row.get(key), str):
+            return f"{key} must be text"
+    return None
+
+
+def current_run(conn: sqlite3.Connection, cluster_job: int) -> Run | None:
+    """The open run of ``cluster_job`` on this node (its latest attempt), if any."""
+    row = conn.execute("SELECT local_job, cluster_job, attempt, status FROM cluster_runs WHERE "
+                       "cluster_job = ? AND status = 'open' ORDER BY attempt DESC LIMIT 1",
+                       (cluster_job,)).fetchone()
+    return None if row is None else _run(row)
+
+
 def get(conn: sqlite3.Connection, local_job: int) -> Run | None:
     row = conn.execute("SELECT local_job, cluster_job, attempt, status FROM cluster_runs WHERE "
                        "local_job = ?", (local_job,)).fetchone()

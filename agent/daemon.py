@@ -25,6 +25,7 @@ This module keeps the start and stop, the poll loop and its dispatch, and the si
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import logging
 import os
@@ -68,6 +69,7 @@ from tether.shared.timers import Timers
 
 if TYPE_CHECKING:
     from tether.agent.cluster import ClusterNode
+    from tether.agent.cluster_api import ClusterRequests
 
 log = logging.getLogger("tether.agent")
 
@@ -143,6 +145,8 @@ class Agent:
         #: other fds in the poller and what to call when they are readable (the cluster's)
         self.extra_fds: dict[int, Callable[[], None]] = {}
         self.cluster: ClusterNode | None = None
+        #: people's requests answered from the cluster's database (a cluster's member only)
+        self.cluster_requests: ClusterRequests | None = None
         try:
             self.contain = Containment(cfg.cgroup, cfg.cgroup_base, cfg.default_memory_mb,
                                        cfg.state_dir)
@@ -150,7 +154,9 @@ class Agent:
             raise AgentError(str(exc)) from None
         if cfg.cluster is not None:
             from tether.agent.cluster import ClusterNode  # psycopg only for cluster members
+            from tether.agent.cluster_api import ClusterRequests
             self.cluster = ClusterNode(self, cfg.cluster)
+            self.cluster_requests = ClusterRequests(self, cfg.cluster.dsn)
 
     @property
     def db(self) -> Store:
@@ -207,6 +213,11 @@ class Agent:
             self.reattach_t0 = t0 if self.reattaching else None
             if self.cluster is not None:
                 self.cluster.start()
+            else:
+                with contextlib.suppress(FileNotFoundError):  # a member no longer
+                    os.unlink(self.layout.cluster_marker)
+            if self.cluster_requests is not None:
+                self.cluster_requests.start()
             self.door = Door(self.layout.sock, self.timers, self.on_request, name="agent door",
                              log=log, on_close=self.on_door_close)
             self.poller.register(self.door.fileno(), zmq.POLLIN)
@@ -234,6 +245,8 @@ class Agent:
                 log.exception("making the last writes durable")
         if self.cluster is not None:
             self.cluster.stop()
+        if self.cluster_requests is not None:
+            self.cluster_requests.close()
         self.spawner.close()
         for link in list(self.links.values()):
             link.close()

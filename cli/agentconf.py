@@ -61,6 +61,10 @@ def apply(parser: argparse.ArgumentParser, ns: argparse.Namespace, argv: list[st
     by_option = {o: a for a in parser._actions for o in a.option_strings if o.startswith("--")}
     on_line = given(argv)
     for key, value in table.items():
+        if key == "cluster":  # every user's CLI reads this file (client_state_dir)
+            raise CliError(f"agent: config file {path}: 'cluster' would put the database's "
+                           "password in a file every user reads: give cluster-file = PATH, a "
+                           "file only root can read")
         option = "--" + key.replace("_", "-")
         action = by_option.get(option)
         if action is None or key in NOT_SETTINGS:

@@ -1,11 +1,19 @@
-"""The command line against a cluster: ``--cluster DSN`` (or ``TETHER_CLUSTER``) on any command.
+"""The command line and a cluster: where the connection string comes from, and the commands that
+exist only there.
 
-With a DSN, submit/list/show/wait/cancel go to the cluster's PostgreSQL with today's flags and
-outputs (the job object gains ``node``); ``inspect``/``attach``/``signal`` find the job's node and
-talk to its supervisor there (on that machine); ``nodes``, ``drain``, ``resume`` and
-``cluster init`` exist only here. Without one, every command behaves exactly as standalone.
+People never talk to the database. On a node whose agent is a cluster's member every command
+goes to that agent, as on a lone node; the agent authenticated them (the kernel's credentials)
+and answers from the cluster (``agent/cluster_api.py``). So this module has only:
 
-psycopg is imported only when a DSN is given, so standalone commands start no slower.
+- the agent's connection string: from ``--cluster-file`` (a file readable by the agent's user
+  alone, as ssh wants a key) or ``TETHER_CLUSTER`` in its environment; never from its command
+  line, which ``ps`` shows to everyone;
+- the administrator's commands (``cluster init``, ``cluster add-node``), which connect as the
+  tables' owner;
+- ``nodes``, ``drain`` and ``resume NODE``, and the way ``inspect``, ``attach`` and ``signal``
+  find a cluster job's supervisor (``locate``), all through the agent.
+
+psycopg is imported only by the administrator's commands and the agent.
 """
 
 from __future__ import annotations
@@ -13,294 +21,168 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import pwd
-import socket
+import stat
 import sys
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from tether.cli.errors import EXIT_ERROR, EXIT_TIMEOUT, EXIT_USAGE, CliError
-from tether.cli.format import exit_status, print_job
-from tether.shared.errors import NotFound, TetherError
+from tether.cli.connect import agent_call
+from tether.cli.errors import EXIT_USAGE, CliError
+from tether.shared.errors import TetherError
 
 if TYPE_CHECKING:
-    from tether.shared.cluster_db import Conn
     from tether.shared.paths import Layout
 
-#: Commands that exist only against a cluster.
-CLUSTER_ONLY = ("nodes", "drain", "resume", "cluster")
-#: Commands about this node's own agent and supervisors: the same with or without a cluster.
-LOCAL_ONLY = ("status", "upgrade-supervisors")
+#: the largest connection-string file read
+MAX_SECRET = 64 * 1024
 
 
-def dsn_of(ns: argparse.Namespace) -> str | None:
-    return getattr(ns, "cluster", None) or os.environ.get("TETHER_CLUSTER") or None
+def read_secret(path: str, who: str) -> str:
+    """The connection string in ``path``, a regular file of this user's that nobody else may
+    read or write (refused otherwise, naming the file and what to do)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError as exc:
+        raise CliError(f"{who}: cannot read cluster file {path}: {exc.strerror}") from None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise CliError(f"{who}: cluster file {path} is not a regular file")
+        if st.st_uid != os.geteuid():
+            raise CliError(f"{who}: cluster file {path} belongs to uid {st.st_uid}, not to this "
+                           f"process's user (uid {os.geteuid()})")
+        if st.st_mode & 0o077:
+            raise CliError(f"{who}: cluster file {path} may be read or written by others (mode "
+                           f"{stat.S_IMODE(st.st_mode):04o}): it holds a password; chmod 600 it")
+        data = f.read(MAX_SECRET + 1)
+    if len(data) > MAX_SECRET:
+        raise CliError(f"{who}: cluster file {path} is larger than {MAX_SECRET} bytes")
+    try:
+        text = data.decode().strip()
+    except UnicodeDecodeError:
+        raise CliError(f"{who}: cluster file {path} is not UTF-8") from None
+    if not text or "\n" in text or "\0" in text:
+        raise CliError(f"{who}: cluster file {path} must hold one connection string on one line")
+    return text
 
 
 def agent_cluster(ns: argparse.Namespace) -> Any:
-    """The agent's cluster settings, or None for a standalone agent."""
-    dsn = dsn_of(ns)
+    """The agent's cluster settings, or None for a standalone agent. The connection string
+    leaves the environment once read: nothing the agent starts inherits it."""
+    if getattr(ns, "cluster", None):
+        raise CliError("agent: --cluster DSN would show the database password to every user "
+                       "(ps): put the connection string in a file only root can read and give "
+                       "--cluster-file FILE (or TETHER_CLUSTER in the agent's environment)",
+                       EXIT_USAGE)
+    if ns.cluster_file:
+        dsn: str | None = read_secret(ns.cluster_file, "agent")
+        os.environ.pop("TETHER_CLUSTER", None)
+    else:
+        dsn = os.environ.pop("TETHER_CLUSTER", None) or None
     if dsn is None:
-        if ns.heartbeat is not None:
-            raise CliError("agent: --heartbeat needs --cluster DSN", EXIT_USAGE)
+        for given, flag in ((ns.heartbeat, "--heartbeat"), (ns.login, "--login")):
+            if given:
+                raise CliError(f"agent: {flag} needs a cluster (--cluster-file FILE)",
+                               EXIT_USAGE)
         return None
     from tether.agent.cluster import ClusterConfig
 
-    return ClusterConfig(dsn=dsn, heartbeat=ns.heartbeat or 2.0)
+    return ClusterConfig(dsn=dsn, heartbeat=ns.heartbeat or 2.0, login=bool(ns.login))
 
 
-def clustered(layout: Layout, ns: argparse.Namespace) -> int | None:
-    """Run ``ns`` against the cluster, or None when it is a standalone command."""
-    dsn = dsn_of(ns)
-    if dsn is None:
-        if ns.cmd in CLUSTER_ONLY and not names_job(ns):
-            raise CliError(f"{ns.cmd}: needs a cluster (--cluster DSN or TETHER_CLUSTER)",
-                           EXIT_USAGE)
-        if getattr(ns, "no_requeue", False):
-            raise CliError("submit: --no-requeue applies to cluster jobs (--cluster DSN)",
-                           EXIT_USAGE)
-        return None
-    if ns.cmd in LOCAL_ONLY:
-        return None
-    if ns.cmd not in COMMANDS:  # a verb that only knows one node's agent (e.g. top)
-        raise CliError(f"{ns.cmd}: not available for a cluster yet (without --cluster and "
-                       "TETHER_CLUSTER it shows this node's agent)", EXIT_USAGE)
-    for name in ("job", "jobs"):  # cluster jobs are plain ids: no arrays there yet
-        refs = getattr(ns, name, None)
-        if isinstance(refs, str | list):
-            plain = [int(r) for r in ([refs] if isinstance(refs, str) else refs)
-                     if isinstance(r, int) or "_" not in r]
-            if len(plain) != (1 if isinstance(refs, str) else len(refs)):
-                raise CliError(f"{ns.cmd}: cluster jobs have no array elements (ID_INDEX)",
-                               EXIT_USAGE)
-            setattr(ns, name, plain[0] if isinstance(refs, str) else plain)
+# ---- the administrator's commands -----------------------------------------------------------
+
+
+def admin(ns: argparse.Namespace) -> int:
+    """``cluster init`` and ``cluster add-node``: straight to the database, as its owner."""
     import psycopg
 
     from tether.shared import cluster_db
 
+    if ns.cluster_file:
+        dsn = read_secret(ns.cluster_file, f"cluster {ns.cluster_cmd}")
+    else:
+        dsn = os.environ.get("TETHER_CLUSTER", "")
     try:
-        if ns.cmd == "cluster":
-            conn = cluster_db.connect(dsn, application="tether cluster init")
-        else:
-            conn = cluster_db.open_checked(dsn, application=f"tether {ns.cmd}")
+        conn = cluster_db.connect(dsn, application=f"tether cluster {ns.cluster_cmd}")
     except cluster_db.ClusterError as exc:
         raise CliError(exc.message) from None
     try:
-        return COMMANDS[ns.cmd](conn, dsn, ns)
+        return ADMIN[ns.cluster_cmd](conn, ns)
+    except TetherError as exc:
+        raise CliError(exc.message) from None
     except psycopg.Error as exc:
         raise CliError(f"the cluster database failed: {cluster_db.one_line(exc)}") from None
     finally:
         conn.close()
 
 
-# ---- commands -------------------------------------------------------------------------------
-
-
-def cmd_init(conn: Conn, dsn: str, ns: argparse.Namespace) -> int:
+def cmd_init(conn: Any, ns: argparse.Namespace) -> int:
     from tether.shared import cluster_db
 
-    res = cluster_db.init(conn, ns.heartbeat_timeout)
+    root = None if ns.root_jobs is None else ns.root_jobs == "allow"
+    res = cluster_db.init(conn, ns.heartbeat_timeout, root)
     if ns.json:
         print(json.dumps(res))
     else:
         print(f"cluster schema version {res['schema_version']} ready (heartbeat timeout "
-              f"{res['heartbeat_timeout']:g}s)")
+              f"{res['heartbeat_timeout']:g}s, root jobs "
+              f"{'allowed' if res['allow_root_jobs'] else 'denied'}, node group "
+              f"{res['node_group']})")
     return 0
 
 
-def _user(name: str | None) -> pwd.struct_passwd:
-    if name is None:
-        return pwd.getpwuid(os.getuid())
-    if os.geteuid() != 0:
-        raise CliError("submit: --user needs root")
-    try:
-        return pwd.getpwnam(name)
-    except KeyError:
-        raise CliError(f"submit: no user {name!r}") from None
-
-
-#: what ``submit`` carries to the cluster; an option added to ``submit`` later is refused with
-#: --cluster until the cluster carries it too (rather than silently dropped)
-SUBMIT_KEYS = frozenset({"cluster", "cmd", "command", "cpus", "env", "error", "gpus", "json",
-                         "memory_mb", "name", "no_requeue", "ntasks", "output", "pmi",
-                         "state_dir", "user", "wait", "workdir"})
-
-
-#: options whose name is not their destination's
-OPTION_OF = {"time_limit": "--time"}
-
-
-def cmd_submit(conn: Conn, dsn: str, ns: argparse.Namespace) -> int:
-    from tether.agent.api import MAX_COMMAND_BYTES
-    from tether.shared import cluster_db
-    from tether.shared.timers import rfc3339_now
-
-    unsupported = sorted(k for k, v in vars(ns).items() if k not in SUBMIT_KEYS and v)
-    if unsupported:
-        names = ", ".join(OPTION_OF.get(k, "--" + k.replace("_", "-")) for k in unsupported)
-        raise CliError(f"submit: {names} not supported for cluster jobs yet", EXIT_USAGE)
-    command = list(ns.command)
-    if command and command[0] == "--":
-        command = command[1:]
-    if not command or not command[0]:
-        raise CliError("submit: missing the command to run (tether submit [OPTIONS] -- CMD)",
-                       EXIT_USAGE)
-    if sum(len(a.encode()) + 1 for a in command) > MAX_COMMAND_BYTES:
-        raise CliError(f"submit: the command line is longer than {MAX_COMMAND_BYTES} bytes")
-    workdir = os.path.abspath(ns.workdir or os.getcwd())
-    if not os.path.isdir(workdir):
-        raise CliError(f"submit: working directory {workdir} does not exist or is not a "
-                       "directory")
-    paths = {}
-    for label in ("output", "error"):
-        value = getattr(ns, label)
-        if value:
-            path = os.path.normpath(os.path.join(workdir, value))
-            if not os.path.isdir(os.path.dirname(path)):
-                raise CliError(f"submit: {label} file {path}: its directory does not exist")
-            paths[label] = path
-    user = _user(ns.user)
-    env = dict(os.environ)  # like sbatch's default --export=ALL
-    env.update(dict(ns.env))
-    env = {k: v for k, v in env.items() if "\0" not in k + v}
-    fields = {"name": (ns.name or os.path.basename(command[0]))[:256], "command": command,
-              "cpus_per_task": ns.cpus, "ntasks": ns.ntasks, "gpus_req": ns.gpus,
-              "memory_mb": ns.memory_mb, "workdir": workdir, "env": env,
-              "submitted_at": rfc3339_now(), "pmi": ns.pmi, "username": user.pw_name,
-              "uid": user.pw_uid, "gid": user.pw_gid, "requeue": not ns.no_requeue}
-    try:
-        job = cluster_db.submit(conn, fields, paths.get("output"), paths.get("error"))
-    except TetherError as exc:
-        raise CliError(exc.message) from None
-    if ns.json and not ns.wait:
-        print(json.dumps(job))
-    else:
-        print(job["id"], flush=True)
-    if ns.wait:
-        return wait_for(conn, dsn, job["id"], None, as_json=ns.json)
-    return 0
-
-
-def all_jobs(conn: Conn) -> list[dict[str, Any]]:
+def cmd_add_node(conn: Any, ns: argparse.Namespace) -> int:
     from tether.shared import cluster_db
 
-    jobs: list[dict[str, Any]] = []
-    while True:
-        page = cluster_db.list_jobs(conn, jobs[-1]["id"] if jobs else 0)
-        if not page:
-            return jobs
-        jobs.extend(page)
-
-
-def cmd_list(conn: Conn, dsn: str, ns: argparse.Namespace) -> int:
-    from tether.cli.jobfilter import select
-    from tether.cli.table import CLUSTER_FORMAT, parse_format, render
-
-    cols = parse_format(ns.format or CLUSTER_FORMAT)
-    jobs = select(all_jobs(conn), ns)
+    res = cluster_db.add_node(conn, ns.name, ns.role, ns.host)
+    if ns.write:
+        write_secret(ns.write, res["dsn"])
+        res = dict(res, dsn=None, written=os.path.abspath(ns.write))
     if ns.json:
-        print(json.dumps(jobs))
-        return 0
-    for line in render(jobs, cols, header=not ns.no_header):
-        print(line)
-    return 0
-
-
-def _job(conn: Conn, job: int) -> dict[str, Any]:
-    from tether.shared import cluster_db
-
-    try:
-        return cluster_db.get_job(conn, job)
-    except NotFound as exc:
-        raise CliError(exc.message) from None
-
-
-def cmd_show(conn: Conn, dsn: str, ns: argparse.Namespace) -> int:
-    job = _job(conn, ns.job)
-    if ns.json:
-        print(json.dumps(job))
+        print(json.dumps(res))
+    elif ns.write:
+        print(f"node {res['node']}: role {res['role']}; its connection string is in "
+              f"{res['written']} (mode 0600): give it to that node's agent as --cluster-file")
     else:
-        print_job(job)
-        print(f"{'node':<15}{job['node'] or ''}")
+        print(f"# node {res['node']}, role {res['role']}: put the next line in a file only "
+              "root can read on that node (mode 0600) and start its agent with "
+              f"--cluster-file FILE --node {res['node']}", file=sys.stderr)
+        print(res["dsn"])
     return 0
 
 
-def cmd_wait(conn: Conn, dsn: str, ns: argparse.Namespace) -> int:
-    _job(conn, ns.job)  # an unknown job is an error, not a wait
-    return wait_for(conn, dsn, ns.job, ns.timeout)
-
-
-def wait_for(conn: Conn, dsn: str, job: int, timeout: float | None,
-             as_json: bool = False) -> int:
-    """Until the job is final: LISTEN for its changes, re-read it after each (and every few
-    seconds); a database that goes away is waited for, like a restarting agent."""
-    import psycopg
-
-    from tether.shared import cluster_db
-    from tether.shared.cluster_sql import CHANNEL_JOB, FINAL
-
-    deadline = None if timeout is None else time.monotonic() + timeout
-    live: Conn | None = conn
-    warned = False
-    while True:
-        left = 5.0 if deadline is None else deadline - time.monotonic()
-        if left <= 0:
-            print(f"tether: job {job} did not end within {timeout:g}s", file=sys.stderr)
-            return EXIT_TIMEOUT
+def write_secret(path: str, text: str) -> None:
+    """``text`` into ``path``, created 0600 beside it and renamed over it (never a moment
+    readable by others, never half written)."""
+    path = os.path.abspath(path)
+    tmp = f"{path}.tmp{os.getpid()}"
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(text + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.rename(tmp, path)
+    except OSError as exc:
         try:
-            if live is None:
-                live = cluster_db.open_checked(dsn, application="tether wait")
-            cluster_db.listen(live, CHANNEL_JOB)
-            row = cluster_db.get_job(live, job)
-            if row["state"] in FINAL:
-                if as_json:
-                    print(json.dumps(row))
-                return exit_status(row)
-            for n in live.notifies(timeout=min(left, 5.0)):
-                if n.payload == str(job):
-                    break
-        except (cluster_db.ClusterUnreachable, psycopg.OperationalError) as exc:
-            if not warned:
-                print(f"tether: {exc}; still waiting", file=sys.stderr)
-                warned = True
-            if live is not None and live is not conn:
-                live.close()
-            live = None
-            time.sleep(min(0.5, max(0.0, left)))
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise CliError(f"cluster add-node: cannot write {path}: {exc.strerror}") from None
 
 
-def cmd_cancel(conn: Conn, dsn: str, ns: argparse.Namespace) -> int:
-    """As standalone ``cancel``: named jobs, filters, or both."""
-    from tether.cli.jobfilter import ALIASES, select
-    from tether.shared import cluster_db
-    from tether.shared.errors import StateError
-
-    filtered = ns.state is not None or ns.user is not None or ns.name is not None
-    if not ns.jobs and not filtered:
-        raise CliError("cancel: name the jobs: JOB... or --state, --user, --name", EXIT_USAGE)
-    targets: list[int] = list(dict.fromkeys(ns.jobs))
-    if filtered:
-        if ns.state is None:  # by default only what can still be cancelled
-            ns.state = frozenset(ALIASES["active"])
-        chosen = [j["id"] for j in select(all_jobs(conn), ns)]
-        targets = [i for i in targets if i in set(chosen)] if targets else chosen
-    failed = 0
-    for job in targets:
-        try:
-            cluster_db.cancel(conn, job)
-        except TetherError as exc:
-            if filtered and not ns.jobs and isinstance(exc, StateError):
-                continue
-            print(f"tether: {exc.message}", file=sys.stderr)
-            failed += 1
-    return EXIT_ERROR if failed else 0
+ADMIN: dict[str, Callable[[Any, argparse.Namespace], int]] = {
+    "init": cmd_init, "add-node": cmd_add_node,
+}
 
 
-def cmd_nodes(conn: Conn, dsn: str, ns: argparse.Namespace) -> int:
-    from tether.shared import cluster_db
+# ---- through the agent ----------------------------------------------------------------------
 
-    nodes = cluster_db.list_nodes(conn)
+
+def cmd_nodes(layout: Layout, ns: argparse.Namespace) -> int:
+    nodes = agent_call(layout, "nodes")
     if ns.json:
         print(json.dumps(nodes))
         return 0
@@ -309,62 +191,38 @@ def cmd_nodes(conn: Conn, dsn: str, ns: argparse.Namespace) -> int:
     for n in nodes:
         cpus, gpus, mem = (f"{n[k]['allocated']}/{n[k]['total']}"
                            for k in ("cpus", "gpus", "memory_mb"))
-        print(f"{n['name']:<14}{n['state']:<10}{cpus:>9}{gpus:>7}{mem:>17}{n['running']:>6}  "
+        state = n["state"] + ("*" if n.get("login") else "")
+        print(f"{n['name']:<14}{state:<10}{cpus:>9}{gpus:>7}{mem:>17}{n['running']:>6}  "
               f"{n['heartbeat']:<26}{n['version']}")
     return 0
 
 
-def cmd_drain(conn: Conn, dsn: str, ns: argparse.Namespace) -> int:
-    from tether.shared import cluster_db
-
-    try:
-        cluster_db.set_drain(conn, ns.node, ns.cmd == "drain")
-    except NotFound as exc:
-        raise CliError(exc.message) from None
+def cmd_drain(layout: Layout, ns: argparse.Namespace) -> int:
+    agent_call(layout, "drain", {"node": ns.node, "drain": ns.cmd == "drain"})
     return 0
 
 
-def names_job(ns: argparse.Namespace) -> bool:
-    """``resume`` takes a job (digits, or ``ARRAY_INDEX``) or a node (anything else): node
-    names of that form cannot be resumed by name (docs/cli.md)."""
-    from tether.cli.cmd_suspend import names_job as is_job
-
-    return ns.cmd == "resume" and is_job(str(ns.node))
+def is_member(layout: Layout) -> bool:
+    """Is this state directory's agent a cluster's member (its job ids the cluster's)?"""
+    return os.path.exists(layout.cluster_marker)
 
 
-def cmd_resume(conn: Conn, dsn: str, ns: argparse.Namespace) -> int:
-    if not names_job(ns):
-        return cmd_drain(conn, dsn, ns)
-    if not str(ns.node).isdigit():
-        raise CliError(f"resume: {ns.node}: with --cluster, name the element by its own job id")
-    ns.job = int(ns.node)
-    return cmd_on_node(conn, dsn, ns)
+def located(layout: Layout, ns: argparse.Namespace) -> tuple[Layout, argparse.Namespace]:
+    """``inspect``, ``attach``, ``signal`` of a cluster job: the layout of the node that runs
+    it (on this machine) and the arguments with that node's own job id."""
+    from tether.shared.paths import Layout as NodeLayout
 
-
-def cmd_on_node(conn: Conn, dsn: str, ns: argparse.Namespace) -> int:
-    """inspect, attach, signal: on the machine of the job's node, through its supervisor."""
-    from tether.cli import main
-    from tether.shared import cluster_db
-    from tether.shared.paths import Layout
-
-    try:
-        at = cluster_db.where(conn, ns.job)
-    except NotFound as exc:
-        raise CliError(exc.message) from None
+    ref = str(ns.job)
+    if not ref.isdigit():
+        raise CliError(f"{ns.cmd}: cluster jobs have no array elements (ID_INDEX)", EXIT_USAGE)
+    at = agent_call(layout, "locate", {"job": int(ref), "verb": ns.cmd})
     if at["node"] is None or at["local_job"] is None:
-        raise CliError(f"job {ns.job} is {at['state']}: it runs on no node")
+        raise CliError(f"job {ref} is {at['state']}: it runs on no node yet")
+    import socket
+
     if at["host"] != socket.gethostname():
-        raise CliError(f"job {ns.job} runs on node {at['node']} (host {at['host']}): run "
-                            f"`tether {ns.cmd}` there")
+        raise CliError(f"job {ref} runs on node {at['node']} (host {at['host']}): run "
+                       f"`tether {ns.cmd}` there")
     local = argparse.Namespace(**vars(ns))
-    local.job = at["local_job"]
-    handler: Callable[[Layout, argparse.Namespace], int] = main.load(main.VERBS[ns.cmd])
-    return handler(Layout(at["state_dir"]), local)
-
-
-COMMANDS: dict[str, Callable[[Conn, str, argparse.Namespace], int]] = {
-    "cluster": cmd_init, "submit": cmd_submit, "list": cmd_list, "show": cmd_show,
-    "wait": cmd_wait, "cancel": cmd_cancel, "nodes": cmd_nodes, "drain": cmd_drain,
-    "resume": cmd_resume, "suspend": cmd_on_node, "inspect": cmd_on_node,
-    "attach": cmd_on_node, "signal": cmd_on_node,
-}
+    local.job = int(at["local_job"])
+    return NodeLayout(at["state_dir"]), local

@@ -49,6 +49,10 @@ def submit(layout: Layout, ns: argparse.Namespace) -> int:
             args[key] = getattr(ns, key)
     if ns.hold:
         args["hold"] = True
+    if getattr(ns, "no_requeue", False):
+        args["requeue"] = False
+    if os.geteuid() == 0:
+        root_owned(layout)
     job = agent_call(layout, "submit", args)
     if ns.json and not ns.wait:
         from tether.cli.jsonout import dumps  # json.dumps's text, without json (~3 ms)
@@ -59,6 +63,21 @@ def submit(layout: Layout, ns: argparse.Namespace) -> int:
     if ns.wait:
         return wait_for(layout, str(job["id"]), None, as_json=ns.json)
     return 0
+
+
+def root_owned(layout: Layout) -> None:
+    """Root's environment goes only to an agent root owns: a state directory or socket of
+    another user's may be that user's own fake agent (TETHER_STATE_DIR pointed at it)."""
+    for path, loose in ((layout.state_dir, 0o022), (layout.sock, 0)):  # any user connects
+        try:
+            st = os.lstat(path)
+        except OSError:
+            return  # nobody there: the call says so
+        if st.st_uid != 0 or st.st_mode & loose:
+            raise CliError(f"submit: {path} belongs to uid {st.st_uid} (mode "
+                           f"{st.st_mode & 0o7777:04o}): root's environment goes only to an "
+                           "agent whose state directory and socket root owns, writable by no "
+                           "one else")
 
 
 def wait_for(layout: Layout, job: str, timeout: float | None, as_json: bool = False) -> int:

@@ -2,7 +2,7 @@
 
 ``resume`` also names nodes (``tether resume n1`` lets a drained cluster node take work): an
 argument of digits (or ``ARRAY_INDEX``, an array element such as ``12_3``) is a job, anything
-else a node (cli/cluster.py), which needs a cluster.
+else a node (cli/cluster.py), which the agent answers only as a cluster's member.
 """
 
 from __future__ import annotations
@@ -29,8 +29,9 @@ def suspend(layout: Layout, ns: argparse.Namespace) -> int:
 def resume(layout: Layout, ns: argparse.Namespace) -> int:
     ref = str(getattr(ns, "job", None) or ns.node)
     if not names_job(ref):
-        raise CliError(f"resume: {ref!r} is not a job id, and resuming a node needs a "
-                       "cluster (--cluster DSN or TETHER_CLUSTER)", EXIT_USAGE)
+        from tether.cli.cluster import cmd_drain
+
+        return cmd_drain(layout, ns)  # a node: the agent refuses unless it is a member
     from tether.cli.argtypes import job_ref
 
     try:

@@ -40,6 +40,7 @@ VERBS = {
     "signal": "cmd_attach:signal", "top": "cmd_top:top",
     "upgrade-supervisors": "cmd_upgrade:upgrade_supervisors",
     "suspend": "cmd_suspend:suspend", "resume": "cmd_suspend:resume",
+    "nodes": "cluster:cmd_nodes", "drain": "cluster:cmd_drain",
 }
 # verbs that need no agent: they take the Namespace only
 LOCAL = {"completion": "completion:completion", "man": "manpage:man"}
@@ -76,18 +77,18 @@ def run(argv: list[str]) -> int:
         assert parser is not None  # the quick parser never takes `agent`
         agentconf.apply(parser.subcommand("agent"), ns, argv)
         return int(load("cmd_agent:agent")(state_dir(ns), ns))
+    if ns.cmd == "cluster":  # the administrator's: straight to the database, as its owner
+        from tether.cli.cluster import admin
+
+        _finalize = True  # PostgreSQL's driver: leave its connections to end the normal way
+        return admin(ns)
     from tether.shared.paths import Layout
 
     layout = Layout(os.path.abspath(state_dir(ns)))
-    if ns.cmd not in VERBS or getattr(ns, "cluster", None) or os.environ.get("TETHER_CLUSTER") \
-            or getattr(ns, "no_requeue", False):
-        # the cluster's module (json, socket, pwd: ~4 ms) only where a cluster may be meant
-        from tether.cli.cluster import clustered
+    if ns.cmd in ("inspect", "attach", "signal") and os.path.exists(layout.cluster_marker):
+        from tether.cli.cluster import located  # a cluster's job: which node, which local id
 
-        _finalize = True  # PostgreSQL's driver: leave its connections to end the normal way
-        code = clustered(layout, ns)  # --cluster DSN / TETHER_CLUSTER; None: this node alone
-        if code is not None:
-            return code
+        layout, ns = located(layout, ns)
     if ns.cmd == "top":
         _finalize = True  # rich, and the terminal it restores
     return int(load(VERBS[ns.cmd])(layout, ns))

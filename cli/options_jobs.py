@@ -90,8 +90,8 @@ def add_submit(sub: Any) -> None:
     s.add_argument("--wait", action="store_true",
                    help="print the id, wait for the end and exit as 'tether wait' does")
     s.add_argument("--no-requeue", action="store_true",
-                   help="with --cluster: if the job's node goes down, fail the job instead of "
-                   "running it again elsewhere")
+                   help="on a cluster's node: if the job's node goes down, fail the job instead "
+                   "of running it again elsewhere")
     add_json(s, "the job object (with --wait: the final one)")
     s.add_argument("command", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
 
@@ -216,6 +216,6 @@ def add_suspend(sub: Any) -> None:
 def add_resume(sub: Any) -> None:
     s = verb(sub, "resume", "thaw a suspended job; or let a drained node take work again",
              "With a job id (digits, or ARRAY_INDEX such as 12_3): thaw a job that `tether "
-             "suspend` froze. Anything else names a node: let a drained node take work again "
-             "(with --cluster).")
+             "suspend` froze. Anything else names a node of the cluster: let a drained node take "
+             "work again (root).")
     s.add_argument("node", metavar="JOB|NODE", help="a job id, or a node name")

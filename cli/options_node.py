@@ -17,7 +17,12 @@ from tether.cli.argtypes import (
     seconds,
     time_limit,
 )
-from tether.cli.parser import CLUSTER_HELP, Parser, add_json, verb
+from tether.cli.parser import Parser, add_json, verb
+
+#: where the administrator's commands find the cluster's connection string
+ADMIN_DSN_HELP = ("a root-only file (mode 0600) holding the database's connection string, as "
+                  "the tables' owner (default: $TETHER_CLUSTER, else libpq's own defaults: "
+                  "PGHOST, PGSERVICE, ~/.pgpass, peer authentication)")
 
 TYPE_CHECKING = False  # typing costs every CLI run ~2 ms: for the type checker only
 if TYPE_CHECKING:
@@ -81,8 +86,17 @@ def add_agent(sub: Any) -> None:
                    "(default pmi)")
     a.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
                    help="log to stderr from this level on (default INFO)")
+    a.add_argument("--cluster-file", metavar="FILE",
+                   help="join a cluster: FILE holds this node's connection string (its own "
+                   "database role and password, from `tether cluster add-node`), owned by "
+                   "the agent's user and readable by no one else, as ssh wants a key; "
+                   "default: $TETHER_CLUSTER in the agent's environment, else no cluster")
+    a.add_argument("--cluster", metavar="DSN", help=argparse.SUPPRESS)  # refused: see cmd_agent
+    a.add_argument("--login", action="store_true",
+                   help="with a cluster: a login node, which serves its users' commands and "
+                   "the cluster but owns no resources and runs no jobs")
     a.add_argument("--heartbeat", type=positive_seconds, metavar="SECONDS",
-                   help="with --cluster: time between the node's heartbeats (default 2)")
+                   help="with a cluster: time between the node's heartbeats (default 2)")
 
 
 def add_status(sub: Any) -> None:
@@ -132,30 +146,50 @@ def add_man(sub: Any) -> None:
 
 
 def add_cluster(sub: Any) -> None:
-    s = verb(sub, "cluster", "set up the cluster database (tether cluster init)",
-             "Administer the cluster's PostgreSQL database.")
+    s = verb(sub, "cluster", "administer the cluster database (init, add-node)",
+             "Administer the cluster's PostgreSQL database, as the role that owns tether's "
+             "tables. People never need the database: their commands go to their node's agent.")
     csub = s.add_subparsers(dest="cluster_cmd", metavar="ACTION", parser_class=Parser,
                             required=True)
     init = csub.add_parser("init", prog="tether cluster init",
                            help="create or upgrade the schema (idempotent)",
-                           description="Create the cluster's tables, or bring them to this "
-                           "tether's schema version; a second run changes nothing.")
-    init.add_argument("--cluster", metavar="DSN", default=argparse.SUPPRESS, help=CLUSTER_HELP)
+                           description="Create the cluster's tables, the functions nodes act "
+                           "through and their privileges, or bring them to this tether's "
+                           "version; a second run changes nothing but the settings given.")
+    init.add_argument("--cluster-file", metavar="FILE", help=ADMIN_DSN_HELP)
     init.add_argument("--heartbeat-timeout", type=positive_seconds, metavar="SECONDS",
                       help="how long a node may miss heartbeats before any live agent declares "
                       "it down and requeues its jobs (default 30; a re-init without it keeps "
                       "the current value)")
-    add_json(init, "the schema version and timeout")
+    init.add_argument("--root-jobs", choices=["allow", "deny"],
+                      help="may root's jobs run from the cluster (Slurm's DisableRootJobs; "
+                      "default deny; a re-init without it keeps the current value)")
+    add_json(init, "the schema version and settings")
+    add = csub.add_parser("add-node", prog="tether cluster add-node",
+                          help="create a node's database role; print what its agent needs",
+                          description="Create the login role of node NAME (or give it a new "
+                          "password) and print the connection string its agent needs, for a "
+                          "root-only file on that node (agent --cluster-file).")
+    add.add_argument("name", metavar="NAME", help="the node's name (the agent's --node)")
+    add.add_argument("--cluster-file", metavar="FILE", help=ADMIN_DSN_HELP)
+    add.add_argument("--role", metavar="ROLE", help="its role's name (default tether_NAME)")
+    add.add_argument("--host", metavar="HOST",
+                     help="the database's host as the node reaches it (default: as this "
+                     "command reached it)")
+    add.add_argument("--write", metavar="FILE",
+                     help="write the connection string to FILE (created mode 0600) instead of "
+                     "printing it")
+    add_json(add, "the node, role and connection string")
 
 
 def add_nodes(sub: Any) -> None:
-    s = verb(sub, "nodes", "list the cluster's nodes (with --cluster)",
+    s = verb(sub, "nodes", "list the cluster's nodes (on a cluster's node)",
              "List the cluster's nodes: state (up, down, draining), CPUs, GPUs and memory "
              "allocated/total, running jobs, last heartbeat, version.")
     add_json(s, "an array of node objects")
 
 
 def add_drain(sub: Any) -> None:
-    s = verb(sub, "drain", "stop new work going to a node (with --cluster)",
-             "Stop new work going to NODE; its running jobs go on.")
+    s = verb(sub, "drain", "stop new work going to a node (root, on a cluster's node)",
+             "Stop new work going to NODE; its running jobs go on. Root only.")
     s.add_argument("node", metavar="NODE", help="node name")

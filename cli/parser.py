@@ -22,8 +22,6 @@ TYPE_CHECKING = False  # typing costs every CLI run ~2 ms: for the type checker 
 if TYPE_CHECKING:
     from typing import Any, NoReturn
 
-CLUSTER_HELP = ("PostgreSQL DSN of a cluster: jobs, nodes and results are the cluster's (default: "
-                "$TETHER_CLUSTER; with neither, this node's agent alone)")
 STATE_DIR_HELP = ("the agent's state directory (default: $TETHER_STATE_DIR, else /var/lib/tether "
                   "for root, else $XDG_STATE_HOME/tether or ~/.local/state/tether)")
 
@@ -122,7 +120,6 @@ def verb(sub: Any, name: str, help: str, description: str = "", usage: str | Non
                                 epilog=epilog)
     # SUPPRESS: absent here means "keep what came before the verb", not "set to None".
     sp.add_argument("--state-dir", metavar="DIR", default=argparse.SUPPRESS, help=STATE_DIR_HELP)
-    sp.add_argument("--cluster", metavar="DSN", default=argparse.SUPPRESS, help=CLUSTER_HELP)
     return sp
 
 
@@ -134,9 +131,9 @@ def verb_of(argv: list[str]) -> str | None:
     """The command ``argv`` names (the first word after the global options), or None."""
     args = iter(argv)
     for arg in args:
-        if arg in ("--state-dir", "--cluster"):
+        if arg == "--state-dir":
             next(args, None)
-        elif arg.startswith(("--state-dir=", "--cluster=")):
+        elif arg.startswith("--state-dir="):
             continue
         elif arg.startswith("-"):
             return None  # --help, --version, a mistake: the whole parser answers
@@ -176,13 +173,12 @@ def build_parser(argv: list[str] | None = None) -> Parser:
     )
 
     p = Parser(prog="tether",
-               usage="tether [-V] [--state-dir DIR] [--cluster DSN] COMMAND [OPTIONS] ...",
+               usage="tether [-V] [--state-dir DIR] COMMAND [OPTIONS] ...",
                description="Run jobs on this node, each step under its own long-lived supervisor.",
                epilog=EXIT_CODES + "\n\n'tether COMMAND --help' describes each command.")
     p.add_argument("-V", "--version", action="version", version=f"tether {__version__}",
                    help="print the version and exit")
     p.add_argument("--state-dir", metavar="DIR", help=STATE_DIR_HELP)
-    p.add_argument("--cluster", metavar="DSN", help=CLUSTER_HELP)
     sub = p.add_subparsers(dest="cmd", metavar="COMMAND", parser_class=Parser, title="commands")
     adders = (add_agent, add_status, add_submit, add_list, add_show, add_wait, add_cancel,
               add_hold, add_release, add_inspect, add_attach, add_signal, add_top, add_upgrade,

@@ -5,7 +5,7 @@ for translations, ``re``, the converters), a fifth of what ``tether inspect JOB 
 take. ``parse`` reads the common forms of the hot verbs itself and gives the very Namespace
 argparse would (``tests/test_cli_quick.py`` compares the two over a large generated corpus); for
 anything it is not sure of it returns None and ``parser.py`` answers, as it always did: help,
-the version, every mistake (so each error message stays argparse's), ``--cluster``, ``--``
+the version, every mistake (so each error message stays argparse's), ``--``
 anywhere but before a command, an option value that starts with ``-``, an option this table
 does not list.
 
@@ -16,7 +16,7 @@ What it takes, after any number of ``--state-dir DIR`` (or ``--state-dir=DIR``):
   inspect JOB [--pmi|--pids|--stats|--output|--events] [--lines N] [--json]
   cancel JOB...     hold JOB...     release JOB...
   list [--state S] [--user U] [--name N] [--since T] [--format F] [--no-header] [--json]
-  submit [OPTIONS] [--] COMMAND...     every option of submit but --cluster
+  submit [OPTIONS] [--] COMMAND...     every option of submit
 each verb with ``--state-dir`` too, options before and after the positionals as argparse
 allows them. Values are converted by the same functions argparse calls (``argtypes``).
 """
@@ -153,7 +153,7 @@ def _value(argv: list[str], i: int, name: str) -> tuple[str, int] | None:
 
 def parse(argv: list[str]) -> argparse.Namespace | None:
     """argparse's Namespace for a command line of the forms above, or None: let argparse say."""
-    ns: dict[str, Any] = {"state_dir": None, "cluster": None}
+    ns: dict[str, Any] = {"state_dir": None}
     i = 0
     while i < len(argv) and argv[i].startswith("-"):  # the global options: --state-dir only
         got = _value(argv, i, "--state-dir")

@@ -6,24 +6,29 @@ any transaction left idle by a stopped client (``idle_in_transaction_session_tim
 SIGSTOPped agent cannot hold row locks that keep its node from being declared down).
 Transactions are explicit (``with conn.transaction()``).
 
-Only ``tether cluster init`` creates or changes the schema; everything else checks its version.
+Who connects: the administrator (``tether cluster init`` and ``add-node``: the tables' owner)
+and the agents, each as its own node's role (cluster_funcs.py says what a node may do). People
+never do: their commands reach the database through an agent, which authenticated them by
+the kernel. Only ``init`` creates or changes the schema; everything else checks its version.
 The agent's side of the database (claims, heartbeats, results) is in ``agent/cluster_db.py``.
 """
 
 from __future__ import annotations
 
+import re
+import secrets
 from typing import Any
 
 import psycopg
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
+from tether.shared import cluster_funcs
 from tether.shared.cluster_sql import (
     ACTIVE,
-    CHANNEL_JOB,
-    CHANNEL_QUEUE,
     DEFAULT_HEARTBEAT_TIMEOUT,
-    FINAL,
     INIT_LOCK,
     JOB_COLUMNS,
     META,
@@ -31,12 +36,17 @@ from tether.shared.cluster_sql import (
     SCHEMA_VERSION,
     SchemaError,
     check_version,
-    demand,
-    never_fits,
     node_state,
     public_job,
 )
-from tether.shared.errors import NotFound, ResourceError, StateError, TetherError
+from tether.shared.errors import (
+    BadRequest,
+    NotFound,
+    PermissionDenied,
+    ResourceError,
+    StateError,
+    TetherError,
+)
 
 Conn = psycopg.Connection[dict[str, Any]]
 
@@ -92,6 +102,12 @@ def open_checked(dsn: str, application: str = "tether") -> Conn:
     except SchemaError as exc:
         conn.close()
         raise ClusterError(str(exc)) from None
+    except psycopg.errors.InsufficientPrivilege:
+        user = conn.info.user
+        conn.close()
+        raise ClusterError(f"database role {user} may not read tether's tables: it is no "
+                           "tether node (an administrator runs `tether cluster add-node NAME`)"
+                           ) from None
     except psycopg.Error as exc:
         conn.close()
         raise ClusterUnreachable(f"the cluster database failed: {one_line(exc)}") from None
@@ -103,10 +119,21 @@ def heartbeat_timeout(conn: Conn) -> float:
     return DEFAULT_HEARTBEAT_TIMEOUT if row is None else float(row["value"])
 
 
-def init(conn: Conn, timeout: float | None) -> dict[str, Any]:
-    """Create or upgrade the schema (idempotent); set ``heartbeat_timeout`` if given."""
+def init(conn: Conn, timeout: float | None, root_jobs: bool | None = None) -> dict[str, Any]:
+    """Create or upgrade the schema, its functions and privileges (idempotent); set the
+    settings given. Run by the administrator: the role that owns the tables."""
     with conn.transaction():
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (INIT_LOCK,))
+        schema = conn.execute("SELECT current_schema() AS s").fetchone()
+        if schema is None or schema["s"] is None:
+            raise ClusterError("the connection has no current schema to create tables in")
+        loose = conn.execute("SELECT has_schema_privilege('public', current_schema(), 'CREATE')"
+                             " AS loose").fetchone()
+        if loose is not None and loose["loose"]:
+            raise ClusterError(
+                f"every role may create objects in schema {schema['s']!r}, where tether's "
+                "functions would run as its owner: REVOKE CREATE ON SCHEMA "
+                f"{schema['s']} FROM PUBLIC first")
         conn.execute(META)
         found = schema_version(conn) or 0
         if found > SCHEMA_VERSION:
@@ -114,50 +141,142 @@ def init(conn: Conn, timeout: float | None) -> dict[str, Any]:
                                f"this tether's {SCHEMA_VERSION}: upgrade tether")
         for version in range(found + 1, SCHEMA_VERSION + 1):
             conn.execute(MIGRATIONS[version])
-        conn.execute("INSERT INTO tether_meta VALUES ('schema_version', %s) ON CONFLICT (key) "
-                     "DO UPDATE SET value = EXCLUDED.value", (str(SCHEMA_VERSION),))
-        if timeout is not None:
-            conn.execute("INSERT INTO tether_meta VALUES ('heartbeat_timeout', %s) ON CONFLICT "
-                         "(key) DO UPDATE SET value = EXCLUDED.value", (repr(float(timeout)),))
-        else:
-            conn.execute("INSERT INTO tether_meta VALUES ('heartbeat_timeout', %s) ON CONFLICT "
-                         "DO NOTHING", (repr(DEFAULT_HEARTBEAT_TIMEOUT),))
+        set_meta(conn, "schema_version", str(SCHEMA_VERSION))
+        set_meta(conn, "heartbeat_timeout",
+                 repr(float(timeout if timeout is not None else DEFAULT_HEARTBEAT_TIMEOUT)),
+                 replace=timeout is not None)
+        set_meta(conn, "allow_root_jobs", "true" if root_jobs else "false",
+                 replace=root_jobs is not None)
+        group = node_group(conn)
+        set_meta(conn, "node_group", group, replace=False)
+        conn.execute(sql.SQL("DO $$ BEGIN IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = "
+                             "{name}) THEN CREATE ROLE {role} NOLOGIN; END IF; END $$").format(
+                                 name=sql.Literal(group), role=sql.Identifier(group)))
+        conn.execute(cluster_funcs.functions_sql(
+            sql.Identifier(schema["s"]).as_string(conn)))
+        for statement in cluster_funcs.privileges_sql(sql.Identifier(group).as_string(conn)):
+            conn.execute(statement)
         hb = heartbeat_timeout(conn)
+        root = conn.execute("SELECT value FROM tether_meta WHERE key = 'allow_root_jobs'"
+                            ).fetchone()
     return {"schema_version": SCHEMA_VERSION, "previous_version": found or None,
-            "heartbeat_timeout": hb}
+            "heartbeat_timeout": hb, "node_group": group,
+            "allow_root_jobs": root is not None and root["value"] == "true"}
+
+
+def set_meta(conn: Conn, key: str, value: str, replace: bool = True) -> None:
+    conn.execute("INSERT INTO tether_meta VALUES (%s, %s) ON CONFLICT (key) DO "
+                 + ("UPDATE SET value = EXCLUDED.value" if replace else "NOTHING"),
+                 (key, value))
+
+
+def node_group(conn: Conn) -> str:
+    """The role every node's login is a member of: one per database (roles are the server's,
+    databases are clusters: two clusters on one server never share it)."""
+    row = conn.execute("SELECT value FROM tether_meta WHERE key = 'node_group'").fetchone()
+    if row is not None:
+        return str(row["value"])
+    db = conn.execute("SELECT current_database() AS d").fetchone()
+    assert db is not None
+    return ("tether_node_" + str(db["d"]))[:63]
+
+
+#: what a node name may be (it names a role and appears in paths: %N)
+NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}\Z")
+
+
+def add_node(conn: Conn, name: str, role: str | None = None,
+             host: str | None = None) -> dict[str, Any]:
+    """Create (or give a new password to) the login role of node ``name``: returns the
+    connection string that node's agent needs (its role and password: for a root-only file).
+
+    The password is sent to the server already hashed (SCRAM), so it appears in no server log
+    or statement; it is shown once, here, and kept nowhere else."""
+    if not NODE_NAME.match(name):
+        raise ClusterError(f"bad node name {name!r}: letters, digits, '.', '_' and '-', at most "
+                           "63, starting with a letter or digit")
+    role = role or f"tether_{name}"
+    if not NODE_NAME.match(role):
+        raise ClusterError(f"bad role name {role!r}")
+    password = secrets.token_urlsafe(24)
+    verifier = conn.pgconn.encrypt_password(password.encode(), role.encode(),
+                                            b"scram-sha-256").decode()
+    with conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (INIT_LOCK,))
+        try:
+            check_version(schema_version(conn))
+        except SchemaError as exc:
+            raise ClusterError(str(exc)) from None
+        group = node_group(conn)
+        other = conn.execute("SELECT name FROM tether_nodes WHERE role = %s AND name <> %s",
+                             (role, name)).fetchone()
+        if other is not None:
+            raise ClusterError(f"role {role!r} is node {other['name']!r}'s already")
+        exists = conn.execute("SELECT rolsuper FROM pg_roles WHERE rolname = %s",
+                              (role,)).fetchone()
+        if exists is not None and exists["rolsuper"]:
+            raise ClusterError(f"role {role!r} is a superuser: a node's role must not be")
+        verb = "ALTER" if exists is not None else "CREATE"
+        conn.execute(sql.SQL(verb + " ROLE {} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE "
+                             "NOREPLICATION NOBYPASSRLS PASSWORD {}").format(
+                                 sql.Identifier(role), sql.Literal(verifier)))
+        conn.execute(sql.SQL("GRANT {} TO {}").format(sql.Identifier(group),
+                                                      sql.Identifier(role)))
+        conn.execute(
+            "INSERT INTO tether_nodes (name, host, state_dir, state, cpus, gpus, memory_mb, "
+            "version, session, heartbeat, registered_at, reason, role) VALUES (%s, '', '', "
+            "'down', 0, 0, 0, '', '', clock_timestamp(), clock_timestamp(), 'never joined', %s)"
+            " ON CONFLICT (name) DO UPDATE SET role = EXCLUDED.role", (name, role))
+    info = conn.info
+    dsn = make_conninfo(host=host or info.host, port=str(info.port), dbname=info.dbname,
+                        user=role, password=password)
+    return {"node": name, "role": role, "dsn": dsn}
 
 
 # ---- jobs -----------------------------------------------------------------------------------
 
 
-def submit(conn: Conn, fields: dict[str, Any], output: str | None,
-           error: str | None) -> dict[str, Any]:
-    """Queue one job. ``output``/``error`` may hold ``%j`` (the id the insert gives)."""
-    need = demand(fields)
-    with conn.transaction():
-        sizes = conn.execute("SELECT cpus, gpus, memory_mb FROM tether_nodes").fetchall()
-        if sizes:
-            reasons = [never_fits(need, (n["cpus"], n["gpus"], n["memory_mb"])) for n in sizes]
-            if all(reasons):
-                per = (f" ({fields['ntasks']} tasks x {fields['cpus_per_task']} CPUs)"
-                       if fields["ntasks"] > 1 else "")
-                raise ResourceError(f"job can never run on any node of the cluster: the "
-                                    f"largest {reasons[0]}{per}")
-        row = conn.execute(
-            "INSERT INTO tether_jobs (name, command, state, cpus_per_task, ntasks, gpus_req, "
-            "memory_mb, output, error, workdir, env, submitted_at, pmi, username, uid, gid, "
-            "requeue) VALUES (%(name)s, %(command)s, 'pending', %(cpus_per_task)s, %(ntasks)s, "
-            "%(gpus_req)s, %(memory_mb)s, '', '', %(workdir)s, %(env)s, %(submitted_at)s, "
-            "%(pmi)s, %(username)s, %(uid)s, %(gid)s, %(requeue)s) RETURNING id",
-            dict(fields, command=Jsonb(fields["command"]), env=Jsonb(fields["env"]))).fetchone()
-        assert row is not None
-        job_id = row["id"]
-        out = (output or f"{fields['workdir']}/tether-%j.out").replace("%j", str(job_id))
-        err = (error or out).replace("%j", str(job_id))
-        conn.execute("UPDATE tether_jobs SET output = %s, error = %s WHERE id = %s",
-                     (out, err, job_id))
-        conn.execute("SELECT pg_notify(%s, '')", (CHANNEL_QUEUE,))
+def call(conn: Conn, query: str, params: tuple[Any, ...] = ()) -> Any:
+    """One call of a tether function: its first column, or its errors as tether's."""
+    try:
+        row = conn.execute(query, params).fetchone()
+    except psycopg.Error as exc:
+        raise translated(exc) from None
+    return None if row is None else next(iter(row.values()))
+
+
+def translated(exc: psycopg.Error) -> Exception:
+    """A function's own refusal (SQLSTATE TTxxx) as the TetherError it means; the rest as is."""
+    code = cluster_funcs.ERROR_CODES.get(exc.sqlstate or "")
+    if code is None:
+        return exc
+    message = exc.diag.message_primary or one_line(exc)
+    if code == "not_up":
+        return NodeNotUp(message)
+    return {"bad_request": BadRequest, "permission_denied": PermissionDenied,
+            "not_found": NotFound, "state": StateError,
+            "resources": ResourceError}[code](message)
+
+
+class NodeNotUp(ClusterError):
+    code = "not_up"
+
+
+def submit(conn: Conn, fields: dict[str, Any]) -> dict[str, Any]:
+    """Queue one job for the user this node authenticated (``fields``: the job's columns,
+    ``output``/``error`` may hold ``%j``)."""
+    job_id = call(conn, "SELECT tether_submit(%s)", (Jsonb(fields),))
+    return get_job(conn, int(job_id))
+
+
+def cancel(conn: Conn, job_id: int, uid: int) -> dict[str, Any]:
+    """A queued job ends here; a running one is asked of its node (which reports the end)."""
+    call(conn, "SELECT tether_cancel(%s, %s)", (job_id, uid))
     return get_job(conn, job_id)
+
+
+def hold(conn: Conn, job_id: int, uid: int, held: bool) -> None:
+    call(conn, "SELECT tether_hold(%s, %s, %s)", (job_id, uid, held))
 
 
 def get_row(conn: Conn, job_id: int) -> dict[str, Any]:
@@ -176,26 +295,6 @@ def list_jobs(conn: Conn, after: int = 0, limit: int = 1000) -> list[dict[str, A
     rows = conn.execute(f"SELECT {JOB_COLUMNS} FROM tether_jobs WHERE id > %s ORDER BY id "
                         "LIMIT %s", (after, limit)).fetchall()
     return [public_job(r) for r in rows]
-
-
-def cancel(conn: Conn, job_id: int) -> dict[str, Any]:
-    """A queued job ends here; a running one is asked of its node (which reports the end)."""
-    with conn.transaction():
-        row = conn.execute("SELECT state FROM tether_jobs WHERE id = %s FOR UPDATE",
-                           (job_id,)).fetchone()
-        if row is None:
-            raise NotFound(f"no job {job_id}")
-        if row["state"] in FINAL:
-            raise StateError(f"job {job_id} has already ended ({row['state']})")
-        if row["state"] == "pending":
-            conn.execute("UPDATE tether_jobs SET state = 'cancelled', reason = 'cancelled while "
-                         "pending', ended_at = to_char(clock_timestamp() AT TIME ZONE 'UTC', "
-                         "'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"') WHERE id = %s", (job_id,))
-        else:
-            conn.execute("UPDATE tether_jobs SET cancel_requested = true WHERE id = %s",
-                         (job_id,))
-        conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL_JOB, str(job_id)))
-    return get_job(conn, job_id)
 
 
 # ---- nodes ----------------------------------------------------------------------------------
@@ -217,24 +316,19 @@ def list_nodes(conn: Conn) -> list[dict[str, Any]]:
         "memory_mb": {"total": r["memory_mb"], "allocated": int(r["memory_alloc"])},
         "running": int(r["running"]), "heartbeat": r["hb"],
         "heartbeat_age": round(float(r["age"]), 3), "version": r["version"],
-        "reason": r["reason"], "state_dir": r["state_dir"],
+        "reason": r["reason"], "state_dir": r["state_dir"], "login": r["login"],
     } for r in rows]
 
 
-def set_drain(conn: Conn, node: str, drain: bool) -> None:
-    with conn.transaction():
-        row = conn.execute("UPDATE tether_nodes SET drain = %s WHERE name = %s RETURNING name",
-                           (drain, node)).fetchone()
-        if row is None:
-            raise NotFound(f"no node {node!r} in the cluster")
-        if not drain:
-            conn.execute("SELECT pg_notify(%s, '')", (CHANNEL_QUEUE,))
+def set_drain(conn: Conn, node: str, drain: bool, uid: int) -> None:
+    call(conn, "SELECT tether_set_drain(%s, %s, %s)", (node, drain, uid))
 
 
 def where(conn: Conn, job_id: int) -> dict[str, Any]:
     """Where a job's current attempt runs: node, host, state dir and the node's local job id."""
     row = conn.execute(
-        "SELECT j.state, j.node, j.local_job, j.attempt, n.host, n.state_dir FROM tether_jobs j "
+        "SELECT j.id, j.state, j.node, j.local_job, j.attempt, j.uid, j.username, n.host, "
+        "n.state_dir FROM tether_jobs j "
         "LEFT JOIN tether_nodes n ON n.name = j.node WHERE j.id = %s", (job_id,)).fetchone()
     if row is None:
         raise NotFound(f"no job {job_id}")

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 #: Key of ``pg_advisory_xact_lock`` taken by ``cluster init`` (so two inits do not race).
 INIT_LOCK = 0x7465746865720001
@@ -96,6 +96,16 @@ CREATE TABLE tether_attempts (
     PRIMARY KEY (job, attempt)
 );
 """,
+    # Nodes become principals: each node logs in as its own role (``role``), and every change
+    # goes through the functions of cluster_funcs.py, which know the node from ``session_user``.
+    2: """
+ALTER TABLE tether_nodes ADD COLUMN role text UNIQUE;
+ALTER TABLE tether_nodes ADD COLUMN login boolean NOT NULL DEFAULT false;
+ALTER TABLE tether_jobs ADD COLUMN submit_node text;
+ALTER TABLE tether_jobs ADD COLUMN groups jsonb NOT NULL DEFAULT '[]';
+ALTER TABLE tether_jobs ADD COLUMN held boolean NOT NULL DEFAULT false;
+ALTER TABLE tether_jobs ADD COLUMN cancelled_by text;
+""",
 }
 
 META = """
@@ -103,11 +113,13 @@ CREATE TABLE IF NOT EXISTS tether_meta (key text PRIMARY KEY, value text NOT NUL
 """
 
 #: Columns of ``tether_jobs`` read into a job object (``username`` is the wire's ``user``).
+#: Not ``env``: nodes may read every column but that one (a job's environment holds its
+#: owner's secrets; a node sees it only for the jobs it claims, from ``tether_claim``).
 JOB_COLUMNS = (
     "id, name, command, state, attempt, node, local_job, exit_code, signal, reason, "
     "cpus_per_task, ntasks, gpus_req, memory_mb, cpus, gpus, supervisor_pid, pids, output, "
-    "error, workdir, env, submitted_at, started_at, ended_at, cancel_requested, requeue, pmi, "
-    "username, uid, gid"
+    "error, workdir, submitted_at, started_at, ended_at, cancel_requested, requeue, pmi, "
+    "username, uid, gid, submit_node, groups, held, cancelled_by"
 )
 
 
@@ -138,7 +150,7 @@ def public_job(row: dict[str, Any]) -> dict[str, Any]:
         "workdir": row["workdir"], "submitted_at": row["submitted_at"],
         "started_at": row["started_at"], "ended_at": row["ended_at"], "pmi": row["pmi"],
         "user": row["username"], "uid": row["uid"], "node": row["node"],
-        "requeue": row["requeue"],
+        "requeue": row["requeue"], "held": row["held"], "submit_node": row["submit_node"],
     }
 
 

@@ -125,6 +125,12 @@ class Layout(Frozen):
         return os.path.join(self.state_dir, "tether.db")
 
     @property
+    def cluster_marker(self) -> str:
+        """Present while the agent is a cluster's member (it names the node): job ids on this
+        node's command line are then the cluster's."""
+        return os.path.join(self.state_dir, "cluster.json")
+
+    @property
     def template_sock(self) -> str:
         return os.path.join(self.state_dir, "template.sock")
 

@@ -7,6 +7,9 @@ import pytest
 
 from tests.helpers import Node
 
+#: the cluster's fixtures (``pg``, ``cluster``) for every test module that asks for them
+pytest_plugins = ["tests.clusterkit"]
+
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:

@@ -57,6 +57,11 @@ class ScratchPostgres:
         subprocess.run([os.path.join(self.bin, "initdb"), "-D", self.data, "--auth=trust",
                         "-U", "postgres", "--no-sync", "-E", "UTF8", "--locale=C"],
                        check=True, capture_output=True, cwd="/", **kw)
+        # The superuser (the tests' administrator) by trust; every other role by its password,
+        # as a site's pg_hba.conf would have it: a node's role proves itself.
+        hba = os.path.join(self.data, "pg_hba.conf")
+        with open(hba, "w") as f:
+            f.write("local all postgres trust\nlocal all all scram-sha-256\n")
 
     def dsn(self, db: str = "postgres") -> str:
         return f"postgresql://postgres@/{db}?host={self.sock}&port={PORT}"
@@ -118,6 +123,17 @@ class ScratchPostgres:
             return
         with psycopg.connect(self.dsn(), autocommit=True) as conn:
             conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+    def drop_roles(self, *names: str) -> None:
+        """Drop login and group roles (their databases dropped first: nothing left to own)."""
+        import psycopg
+        from psycopg import sql
+
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        with psycopg.connect(self.dsn(), autocommit=True) as conn:
+            for name in names:
+                conn.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(name)))
 
     def cleanup(self) -> None:
         try:

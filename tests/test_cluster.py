@@ -1,8 +1,10 @@
-"""Many nodes on one real PostgreSQL: three agents on this machine, each with its own state dir.
+"""Many nodes on one real PostgreSQL: three agents on this machine, each with its own state dir
+and its own database role (``tests/clusterkit.py`` sets the cluster up as docs/cluster.md says).
 
 The server is Debian's, started once for the module in a temporary directory (Unix socket only,
-as the ``postgres`` user since it refuses root); every test gets a fresh database and drops it.
-Heartbeats every 0.5 s and a 3 s timeout keep the failure cases short.
+as the ``postgres`` user since it refuses root); every test gets a fresh database and drops it,
+and its roles. Heartbeats every 0.5 s and a 3 s timeout keep the failure cases short. People
+talk to an agent (``cluster.cli``); the tests read the database as its owner.
 """
 
 from __future__ import annotations
@@ -10,173 +12,55 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
-import tempfile
 import time
-import uuid
-from collections.abc import Iterator
 from typing import Any
 
-import psycopg
-import pytest
-from psycopg.rows import dict_row
-
-from tests.helpers import CLI, Node, pid_alive, poll_until
+from tests.clusterkit import GATE, TIMEOUT, Cluster
+from tests.helpers import CLI, pid_alive, poll_until
 from tests.pgserver import ScratchPostgres
-from tether.shared import cluster_db
-from tether.shared.cluster_sql import node_state
-from tether.shared.timers import rfc3339_now
-
-HEARTBEAT = "0.5"
-TIMEOUT = 3.0
-#: a job that holds its CPUs until the test opens the gate (Cluster.go)
-GATE = "while [ ! -e go ]; do sleep 0.05; done"
-
-if not shutil.which("initdb", path="/usr/lib/postgresql/15/bin") and not any(
-        os.path.exists(f"/usr/lib/postgresql/{v}/bin/postgres") for v in range(12, 30)):
-    pytest.skip("PostgreSQL server not installed (scripts/setup.sh installs it)",
-                allow_module_level=True)
 
 
-@pytest.fixture(scope="module")
-def pg() -> Iterator[ScratchPostgres]:
-    server = ScratchPostgres()
-    try:
-        server.start()
-        yield server
-    finally:
-        server.cleanup()
+def test_init_is_idempotent_and_bad_input_is_one_line(cluster: Cluster, pg: ScratchPostgres,
+                                                      make_node: Any) -> None:
+    out = cluster.admin("init").stdout
+    assert "version 2" in out and "3s" in out  # a re-init keeps the timeout it was given
+    assert cluster.admin("init", "--heartbeat-timeout", "0", check=False).returncode == 2
+    standalone = make_node()
+    standalone.start()
+    cluster.agents("n0")
 
+    def admin(dsn: str, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*CLI, "cluster", *args], capture_output=True, text=True,
+                              env=dict(os.environ, TETHER_CLUSTER=dsn), timeout=60)
 
-class Cluster:
-    def __init__(self, pg: ScratchPostgres, make_node: Any) -> None:
-        self.pg = pg
-        self.make_node = make_node
-        self.db = "t" + uuid.uuid4().hex[:10]
-        self.dsn = pg.create_db(self.db)
-        self.work = tempfile.mkdtemp(dir="/tmp", prefix="ttw")
-        self.nodes: dict[str, Node] = {}
-        self.ok("cluster", "init", "--heartbeat-timeout", str(TIMEOUT))
-
-    def cli(self, *args: str, env: dict[str, str] | None = None,
-            timeout: float = 60) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([*CLI, "--cluster", self.dsn, *args], capture_output=True,
-                              text=True, cwd=self.work, timeout=timeout,
-                              env=dict(os.environ, **(env or {})))
-
-    def ok(self, *args: str) -> str:
-        res = self.cli(*args)
-        assert res.returncode == 0, f"tether {' '.join(args)}: rc={res.returncode} " \
-                                    f"{res.stderr}\n{self.logs()}"
-        return res.stdout
-
-    def submit(self, *command: str, opts: tuple[str, ...] = ()) -> int:
-        """Through the CLI (what people do)."""
-        return int(self.ok("submit", *opts, "--", *command).strip())
-
-    def put(self, *command: str, requeue: bool = True) -> int:
-        """Straight into the database, as the CLI would (fast: no interpreter start)."""
-        conn = cluster_db.open_checked(self.dsn)
-        try:
-            job = cluster_db.submit(conn, {
-                "name": command[0], "command": list(command), "cpus_per_task": 1, "ntasks": 1,
-                "gpus_req": 0, "memory_mb": 0, "workdir": self.work,
-                "env": {"PATH": os.environ["PATH"]}, "submitted_at": rfc3339_now(),
-                "pmi": "none", "username": "root", "uid": 0, "gid": 0, "requeue": requeue},
-                None, None)
-        finally:
-            conn.close()
-        return int(job["id"])
-
-    def go(self) -> None:
-        """Open the gate of every job running GATE."""
-        open(os.path.join(self.work, "go"), "w").close()
-
-    def agents(self, *names: str, cpus: int = 2) -> list[Node]:
-        made = []
-        for name in names:
-            node = self.make_node(cpus=cpus, extra=["--cluster", self.dsn, "--node", name,
-                                                    "--heartbeat", HEARTBEAT])
-            self.nodes[name] = node
-            node.start(wait=False)
-            made.append(node)
-        for node in made:
-            poll_until(node.agent_answers, 30, "the agent to answer `status`")
-        for name in names:
-            poll_until(lambda n=name: self.node(n)["state"] == "up", 30, f"node {name} up")
-        return made
-
-    def sql(self, query: str, *params: Any) -> list[dict[str, Any]]:
-        with psycopg.connect(self.dsn, autocommit=True, row_factory=dict_row) as conn:
-            return conn.execute(query, params or None).fetchall()
-
-    def job(self, job_id: int) -> dict[str, Any]:
-        rows = self.sql("SELECT * FROM tether_jobs WHERE id = %s", job_id)
-        assert rows, f"no job {job_id}"
-        return rows[0]
-
-    def node(self, name: str) -> dict[str, Any]:
-        rows = self.sql("SELECT * FROM tether_nodes WHERE name = %s", name)
-        if not rows:
-            return {"state": "absent"}
-        return dict(rows[0], state=node_state(rows[0]["state"], rows[0]["drain"]))
-
-    def wait_job(self, job_id: int, pred: Any, what: str, timeout: float = 30) -> dict[str, Any]:
-        def check() -> dict[str, Any] | None:
-            job = self.job(job_id)
-            return job if pred(job) else None
-        return poll_until(check, timeout, f"job {job_id}: {what}")
-
-    def attempts(self, job_id: int) -> list[dict[str, Any]]:
-        return self.sql("SELECT * FROM tether_attempts WHERE job = %s ORDER BY attempt", job_id)
-
-    def logs(self) -> str:
-        return "\n".join(f"=== node {name}\n{n.logs()}" for name, n in self.nodes.items())
-
-    def log_count(self, pattern: str) -> int:
-        return sum(len(re.findall(pattern, n.logs())) for n in self.nodes.values())
-
-    def cleanup(self) -> None:
-        print(self.logs())  # shown by pytest only when the test failed
-        for node in self.nodes.values():
-            node.cleanup()
-        self.pg.drop_db(self.db)
-        shutil.rmtree(self.work, ignore_errors=True)
-
-
-@pytest.fixture
-def cluster(pg: ScratchPostgres, make_node: Any,
-            request: pytest.FixtureRequest) -> Iterator[Cluster]:
-    c = Cluster(pg, make_node)
-    try:
-        yield c
-    finally:
-        c.cleanup()
-
-
-def test_init_is_idempotent_and_bad_input_is_one_line(cluster: Cluster,
-                                                      pg: ScratchPostgres) -> None:
-    out = cluster.ok("cluster", "init")
-    assert "version 1" in out and "3s" in out  # a re-init keeps the timeout it was given
-    assert cluster.cli("cluster", "init", "--heartbeat-timeout", "0").returncode == 2
+    def node(*args: str, at: Any = None) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=60,
+                              env=dict(os.environ, TETHER_STATE_DIR=(at or standalone).state))
     cases = [
-        ([*CLI, "--cluster", pg.dsn(), "nodes"], 1, "cluster init"),  # no schema there
-        ([*CLI, "--cluster", "postgresql://x@/x?host=/nonexistent", "list"], 1, "cannot reach"),
-        ([*CLI, "--cluster", "nonsense=1", "list"], 1, "bad cluster DSN"),
-        ([*CLI, "nodes"], 2, "needs a cluster"),
-        ([*CLI, "submit", "--no-requeue", "--", "true"], 2, "--no-requeue"),
-        ([*CLI, "--cluster", cluster.dsn, "show", "99"], 1, "no job 99"),
-        ([*CLI, "--cluster", cluster.dsn, "drain", "ghost"], 1, "no node 'ghost'"),
-        ([*CLI, "--cluster", cluster.dsn, "top"], 2, "not available for a cluster"),
+        (admin(pg.dsn(), "add-node", "x"), 1, "cluster init"),  # no schema there
+        (admin("postgresql://x@/x?host=/nonexistent", "init"), 1, "cannot reach"),
+        (admin("nonsense=1", "init"), 1, "bad cluster DSN"),
+        (admin(cluster.dsn, "add-node", "bad/name"), 1, "bad node name"),
+        (node("nodes"), 1, "needs a cluster"),
+        (node("drain", "n0"), 1, "needs a cluster"),
+        (node("resume", "n0"), 1, "needs a cluster"),
+        (node("submit", "--no-requeue", "--", "true"), 1, "--no-requeue"),
+        (node("show", "99", at=cluster.nodes["n0"]), 1, "no job 99"),
+        (node("drain", "ghost", at=cluster.nodes["n0"]), 1, "no node 'ghost'"),
+        (node("show", "1_2", at=cluster.nodes["n0"]), 1, "no array elements"),
+        (node("submit", "--time", "5", "--", "true", at=cluster.nodes["n0"]), 1,
+         "--time is not supported for cluster jobs"),
+        (node("agent", "--cluster", cluster.dsn), 2, "--cluster-file"),
     ]
-    queued = cluster.put("true")  # no agent: it stays queued
-    cases.append(([*CLI, "--cluster", cluster.dsn, "inspect", str(queued)], 1, "on no node"))
-    for argv, rc, text in cases:
-        res = subprocess.run(argv, capture_output=True, text=True, cwd=cluster.work)
-        assert res.returncode == rc, (argv, res.stderr)
+    for res, rc, text in cases:
+        assert res.returncode == rc, (res.args, res.stderr)
         assert text in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
+    cluster.ok("drain", "n0")
+    queued = cluster.submit("true")
+    res = node("inspect", str(queued), at=cluster.nodes["n0"])
+    assert res.returncode == 1 and "runs on no node" in res.stderr, res.stderr
 
 
 def test_jobs_spread_over_nodes_with_todays_outputs(cluster: Cluster) -> None:
@@ -192,8 +76,7 @@ def test_jobs_spread_over_nodes_with_todays_outputs(cluster: Cluster) -> None:
     assert [(n["state"], n["cpus"], n["running"]) for n in nodes] == \
         [("up", {"total": 2, "allocated": 2}, 2)] * 3
     cluster.go()
-    res = subprocess.run([*CLI, "wait", str(ids[0])], capture_output=True, text=True,
-                         env=dict(os.environ, TETHER_CLUSTER=cluster.dsn))  # the variable
+    res = cluster.cli("wait", str(ids[0]), node="n2")  # from any node
     assert res.returncode == 0, res.stderr
     for i in ids:
         job = cluster.wait_job(i, lambda j: j["state"] == "completed", "completed")
@@ -269,7 +152,7 @@ def test_node_stopped_past_timeout_requeues_and_its_stale_run_is_killed(
 
 def test_results_finished_while_the_database_was_down_are_delivered_once(
         cluster: Cluster, pg: ScratchPostgres) -> None:
-    nodes = cluster.agents("n0", "n1", "n2")
+    cluster.agents("n0", "n1", "n2")
     ids = [cluster.put("sh", "-c", GATE) for _ in range(3)]
     for i in ids:
         cluster.wait_job(i, lambda j: j["state"] == "running", "running")
@@ -278,8 +161,8 @@ def test_results_finished_while_the_database_was_down_are_delivered_once(
     cluster.go()
     try:
         def all_local_done() -> bool:
-            return all(j["state"] == "completed" for n in nodes
-                       for j in json.loads(n.ok("list", "--json")))
+            return all(j["state"] == "completed" for name in ("n0", "n1", "n2")
+                       for j in cluster.local_jobs(name))
         poll_until(all_local_done, 30, "every job to end on its node")
         # Down for longer than the timeout: at restart every heartbeat looks stale.
         time.sleep(max(0.0, stopped + TIMEOUT + 1 - time.monotonic()))
@@ -322,22 +205,21 @@ def test_sigterm_on_an_idle_agent_takes_its_node_down(cluster: Cluster) -> None:
 
 
 def test_agents_racing_for_jobs_run_each_once(cluster: Cluster) -> None:
-    nodes = cluster.agents("n0", "n1", cpus=4)
-    conn = cluster_db.open_checked(cluster.dsn)
-    try:
-        with conn.transaction():  # one commit, one wake-up for both agents at once
-            ids = [cluster_db.submit(conn, {
-                "name": f"r{i}", "command": ["sh", "-c", f"echo {i} >> runs.log"],
-                "cpus_per_task": 1, "ntasks": 1, "gpus_req": 0, "memory_mb": 0,
-                "workdir": cluster.work, "env": {"PATH": os.environ["PATH"]},
-                "submitted_at": rfc3339_now(), "pmi": "none", "username": "root", "uid": 0,
-                "gid": 0, "requeue": True}, None, None)["id"] for i in range(20)]
-    finally:
-        conn.close()
+    cluster.agents("n0", "n1", cpus=4)
+    # one commit, one wake-up for both agents at once
+    cluster.sql("BEGIN; " + "; ".join(
+        "INSERT INTO tether_jobs (name, command, state, cpus_per_task, ntasks, gpus_req, "
+        "memory_mb, output, error, workdir, env, submitted_at, username, uid, gid) VALUES "
+        f"('r{i}', '[\"sh\", \"-c\", \"echo {i} >> runs.log\"]', 'pending', 1, 1, 0, 0, "
+        f"'{cluster.work}/r.out', '{cluster.work}/r.out', '{cluster.work}', "
+        f"'{{\"PATH\": \"/usr/bin:/bin\"}}', 'now', 'root', 0, 0)" for i in range(20))
+        + "; SELECT pg_notify('tether_queue', ''); COMMIT")
+    ids = [r["id"] for r in cluster.sql("SELECT id FROM tether_jobs ORDER BY id")]
+    assert len(ids) == 20
     for i in ids:
         assert cluster.wait_job(i, lambda j: j["state"] == "completed", "done")["attempt"] == 1
         assert len(cluster.attempts(i)) == 1
     with open(os.path.join(cluster.work, "runs.log")) as f:
         assert sorted(f.read().split()) == sorted(str(i) for i in range(20))
-    local = [len(json.loads(n.ok("list", "--json"))) for n in nodes]
+    local = [len(cluster.local_jobs(n)) for n in ("n0", "n1")]
     assert sum(local) == 20
