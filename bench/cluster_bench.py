@@ -2,19 +2,29 @@
 
     .venv/bin/python bench/cluster_bench.py [--samples 15] [--jobs 60] [--failovers 3] [--json]
 
-1. Submit -> completed through the cluster, ``true``, sequential, median: the job inserted as
-   ``tether --cluster submit`` does, then LISTEN until its result is recorded. Reference: the same
+Set up as a site would (docs/cluster.md): the administrator (PostgreSQL's superuser ``postgres``,
+the tables' owner, trusted on the scratch server's Unix socket) runs ``tether cluster init
+--root-jobs allow`` (the bench's jobs are root's) and ``tether cluster add-node`` per node, with
+its connection string in ``TETHER_CLUSTER``; each agent joins with ``--cluster-file`` and logs in
+as its own role, by password. Jobs are submitted as people do, through a member agent's door (the
+CLI's client, one connection kept open, as for the reference); the figures are read from the
+database as its owner (LISTEN ``tether_job``, the rows' own stamps), which submits nothing.
+
+1. Submit -> completed through the cluster, ``true``, sequential, median: ``submit`` to node n0's
+   agent, then LISTEN until the job's result is recorded in the database. Reference: the same
    through a standalone agent's socket (submit, then a long-polling wait).
-2. Jobs/s with three agents: ``--jobs`` ``true`` jobs queued in one transaction, from the commit
-   to the last result recorded. Reference: the same jobs through one standalone agent.
+2. Jobs/s with three agents: ``--jobs`` ``true`` jobs submitted one after another through n0's
+   agent, from the first submit to the last result recorded. Reference: the same jobs through
+   one standalone agent.
 3. Heartbeat timeout -> the job running elsewhere: a node running a job is SIGSTOPped; from the
    moment its last heartbeat became older than the timeout to the start of attempt 2 on another
    node (the supervisor's own ``started_at``), ``--failovers`` times. Then SIGCONT: the time
    until the node's stale attempt-1 task is dead.
 
-A throwaway PostgreSQL (tests/pgserver.py), three agents (4 CPUs each, heartbeat 0.5 s, timeout
-2 s) and a standalone agent, all on short temporary directories; everything is killed and
-removed on the way out.
+A throwaway PostgreSQL (tests/pgserver.py) with a database of its own, three agents (4 CPUs each,
+heartbeat 0.5 s, timeout 2 s) and a standalone agent, all on short temporary directories;
+everything is killed and removed on the way out (the database, then the nodes' roles, then the
+server), whatever failed.
 """
 
 from __future__ import annotations
@@ -36,11 +46,13 @@ from tests.pgserver import ScratchPostgres  # noqa: E402
 from tether.shared import cluster_db, stamps  # noqa: E402
 from tether.shared.client import Client  # noqa: E402
 from tether.shared.cluster_sql import CHANNEL_JOB, FINAL  # noqa: E402
+from tether.shared.paths import Layout  # noqa: E402
 from tether.shared.procid import proc_stat  # noqa: E402
-from tether.shared.timers import rfc3339_now  # noqa: E402
 
 TETHER = [sys.executable, "-m", "tether.cli.main"]
 HEARTBEAT, TIMEOUT = 0.5, 2.0
+DB = "tether_bench"
+NODES = ["n0", "n1", "n2"]
 
 
 def log(msg: str) -> None:
@@ -53,56 +65,91 @@ def epoch(text: str) -> float:
     return value
 
 
-def fields(command: list[str], work: str) -> dict[str, Any]:
-    return {"name": command[0], "command": command, "cpus_per_task": 1, "ntasks": 1,
-            "gpus_req": 0, "memory_mb": 0, "workdir": work, "env": {"PATH": os.environ["PATH"]},
-            "submitted_at": rfc3339_now(), "pmi": "none", "username": "root", "uid": 0,
-            "gid": 0, "requeue": True}
+def submission(command: list[str], work: str) -> dict[str, Any]:
+    """The arguments of ``submit`` as the CLI sends them (cli/cmd_submit.py)."""
+    return {"command": command, "cpus": 1, "gpus": 0, "memory_mb": 0, "ntasks": 1,
+            "workdir": work, "env": {"PATH": os.environ["PATH"]}, "pmi": "none",
+            "umask": 0o022}
 
 
 class Bench:
     def __init__(self, base: str, pg: ScratchPostgres) -> None:
         self.base = base
-        self.dsn = pg.dsn()
+        self.pg = pg
         self.work = os.path.join(base, "w")
         os.makedirs(self.work)
         self.agents: dict[str, subprocess.Popen[bytes]] = {}
-        subprocess.run([*TETHER, "--cluster", self.dsn, "cluster", "init",
-                        "--heartbeat-timeout", str(TIMEOUT)], check=True, capture_output=True)
-        self.conn = cluster_db.open_checked(self.dsn)
-        cluster_db.listen(self.conn, CHANNEL_JOB)
+        self.roles: list[str] = []
+        self.client: Client | None = None
+        self.conn: cluster_db.Conn | None = None
+        self.dsn = pg.create_db(DB)  # the administrator's: the tables' owner
+        try:
+            self.admin("init", "--heartbeat-timeout", str(TIMEOUT), "--root-jobs", "allow")
+            # The measurements' own connection, as the owner: it reads, it never submits.
+            self.conn = cluster_db.open_checked(self.dsn)
+            cluster_db.listen(self.conn, CHANNEL_JOB)
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def owner(self) -> cluster_db.Conn:
+        """The measurements' connection, as the tables' owner."""
+        assert self.conn is not None
+        return self.conn
+
+    def admin(self, *args: str) -> None:
+        """``tether cluster ...`` as the tables' owner, its DSN in its own environment."""
+        res = subprocess.run([*TETHER, "cluster", *args], capture_output=True, text=True,
+                             env=dict(os.environ, TETHER_CLUSTER=self.dsn), timeout=60)
+        if res.returncode:
+            raise SystemExit(f"tether cluster {' '.join(args)}: {res.stderr.strip()}")
+
+    def state(self, name: str) -> str:
+        return os.path.join(self.base, name)
 
     def start_agents(self, names: list[str]) -> None:
         for name in names:
-            state = os.path.join(self.base, name)
+            secret = os.path.join(self.base, f"{name}.dsn")
+            self.roles.append(f"{DB}_{name}")  # roles are the server's: named per database
+            self.admin("add-node", name, "--role", f"{DB}_{name}", "--write", secret)
             with open(os.path.join(self.base, f"{name}.log"), "ab") as out:
                 self.agents[name] = subprocess.Popen(
-                    [*TETHER, "agent", "--state-dir", state, "--cpus", "4", "--oversubscribe",
-                     "--cluster", self.dsn, "--node", name, "--heartbeat", str(HEARTBEAT),
-                     "--cancel-grace", "1"], stdout=out, stderr=subprocess.STDOUT,
-                    start_new_session=True)
+                    [*TETHER, "agent", "--state-dir", self.state(name), "--cluster-file",
+                     secret, "--node", name, "--heartbeat", str(HEARTBEAT), "--cpus", "4",
+                     "--oversubscribe", "--cancel-grace", "1"], stdout=out,
+                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
         deadline = time.monotonic() + 30
-        while {n["name"] for n in cluster_db.list_nodes(self.conn)
+        while {n["name"] for n in cluster_db.list_nodes(self.owner)
                if n["state"] == "up"} != set(names):
+            for name, proc in self.agents.items():
+                if proc.poll() is not None:
+                    raise SystemExit(f"the agent of {name} exited with {proc.returncode} "
+                                     f"(see {self.base}/{name}.log)")
             if time.monotonic() > deadline:
                 raise SystemExit("the agents did not join")
             time.sleep(0.05)
+        # People's door: n0's agent, through the client the CLI uses (kept open, as for the
+        # standalone reference).
+        self.client = Client(Layout(self.state(names[0])).sock, timeout=30)
+        self.client.connect()
 
     def submit(self, command: list[str]) -> int:
-        return int(cluster_db.submit(self.conn, fields(command, self.work), None, None)["id"])
+        assert self.client is not None
+        return int(self.client.call("submit", submission(command, self.work))["id"])
 
     def until_final(self, ids: set[int], timeout: float = 120) -> None:
         left = set(ids)
         deadline = time.monotonic() + timeout
         while left:
-            rows = self.conn.execute("SELECT id FROM tether_jobs WHERE id = ANY(%s) AND state "
+            rows = self.owner.execute("SELECT id FROM tether_jobs WHERE id = ANY(%s) AND state "
                                      "= ANY(%s)", (list(left), list(FINAL))).fetchall()
             left -= {r["id"] for r in rows}
             if not left:
                 return
             if time.monotonic() > deadline:
                 raise SystemExit(f"jobs {sorted(left)[:5]} did not end")
-            for _ in self.conn.notifies(timeout=1.0, stop_after=1):
+            for _ in self.owner.notifies(timeout=1.0, stop_after=1):
                 pass
 
     def latency(self, samples: int) -> list[float]:
@@ -116,9 +163,8 @@ class Bench:
         return out
 
     def throughput(self, jobs: int) -> float:
-        with self.conn.transaction():
-            ids = {self.submit(["true"]) for _ in range(jobs)}
-            t = time.perf_counter()
+        t = time.perf_counter()
+        ids = {self.submit(["true"]) for _ in range(jobs)}
         self.until_final(ids)
         return jobs / (time.perf_counter() - t)
 
@@ -127,21 +173,21 @@ class Bench:
         marker = os.path.join(self.work, f"m{time.monotonic_ns()}")
         job = self.submit(["sh", "-c", f"test -e {marker} && exit 0; touch {marker}; sleep 60"])
         deadline = time.monotonic() + 30
-        while (row := cluster_db.get_job(self.conn, job))["state"] != "running":
+        while (row := cluster_db.get_job(self.owner, job))["state"] != "running" \
+                or not row["pids"]:
             if time.monotonic() > deadline:
                 raise SystemExit("the failover job did not start")
-            time.sleep(0.02)
-        while not (row := cluster_db.get_job(self.conn, job))["pids"]:
             time.sleep(0.02)
         stale = row["pids"][0]
         victim = self.agents[row["node"]]
         victim.send_signal(signal.SIGSTOP)
         try:
             self.until_final({job}, timeout=60)
-            hb = self.conn.execute(
+            hb = self.owner.execute(
                 "SELECT extract(epoch FROM heartbeat) AS hb FROM tether_nodes WHERE name = %s",
                 (row["node"],)).fetchone()
-            done = cluster_db.get_job(self.conn, job)
+            assert hb is not None, f"node {row['node']} vanished"
+            done = cluster_db.get_job(self.owner, job)
             assert done["attempt"] == 2 and done["node"] != row["node"], done
             moved = epoch(done["started_at"]) - (float(hb["hb"]) + TIMEOUT)
         finally:
@@ -153,20 +199,29 @@ class Bench:
             time.sleep(0.005)
         killed = time.perf_counter() - resumed
         deadline = time.monotonic() + 30
-        while any(n["state"] != "up" for n in cluster_db.list_nodes(self.conn)):
+        while any(n["state"] != "up" for n in cluster_db.list_nodes(self.owner)):
             if time.monotonic() > deadline:
                 raise SystemExit(f"node {row['node']} did not rejoin")
             time.sleep(0.05)
         return moved, killed
 
     def close(self) -> None:
-        self.conn.close()
-        for proc in self.agents.values():
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGCONT)
-                proc.send_signal(signal.SIGKILL)
-                proc.wait()
-        kill_tree(self.base)
+        """Everything, whatever failed: the agents and their jobs, then the database, then the
+        nodes' roles (a server's own: they outlive a dropped database)."""
+        try:
+            if self.client is not None:
+                self.client.close()
+            if self.conn is not None:
+                self.conn.close()
+            for proc in self.agents.values():
+                if proc.poll() is None:
+                    proc.send_signal(signal.SIGCONT)
+                    proc.send_signal(signal.SIGKILL)
+                    proc.wait()
+            kill_tree(self.base)
+        finally:
+            self.pg.drop_db(DB)
+            self.pg.drop_roles(*self.roles, ("tether_node_" + DB)[:63])
 
 
 def standalone(samples: int, jobs: int) -> tuple[list[float], float]:
@@ -202,13 +257,17 @@ def main() -> int:
     ap.add_argument("--failovers", type=int, default=3)
     ap.add_argument("--json", action="store_true")
     ns = ap.parse_args()
+    # Only the administrator's commands get a connection string (Bench.admin); a stray one
+    # would make the standalone reference agent a cluster's member.
+    for var in ("TETHER_CLUSTER", "TETHER_STATE_DIR"):
+        os.environ.pop(var, None)
     base = tempfile.mkdtemp(dir="/tmp", prefix="tcb")
     pg = ScratchPostgres()
     bench: Bench | None = None
     try:
         pg.start()
         bench = Bench(base, pg)
-        bench.start_agents(["n0", "n1", "n2"])
+        bench.start_agents(NODES)
         log("latency through the cluster")
         lat = bench.latency(ns.samples)
         log("throughput with three agents")
@@ -226,7 +285,7 @@ def main() -> int:
             bench.close()
         pg.cleanup()
         subprocess.run(["rm", "-rf", base], check=False)
-    res = {
+    res: dict[str, Any] = {
         "cluster_submit_to_completed_ms": {"median": round(statistics.median(lat), 1),
                                            "min": round(min(lat), 1),
                                            "max": round(max(lat), 1), "n": len(lat)},
