@@ -87,6 +87,9 @@ def status(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
     out["cgroup"] = agent.contain.status()
     out["db_syncs"] = agent.db.syncs  # group commit: fsyncs of the database so far
     out["hwloc_xml"] = agent.topology.ready  # None until gathered, or when off or failed
+    if agent.cluster is not None:
+        out["cluster"] = {"node": agent.cluster.info.name, "state": agent.cluster.state,
+                          "login": agent.cluster.info.login}
     return out
 
 
@@ -227,7 +230,8 @@ def submit(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
 
 
 def list_jobs(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
-    check_known(req.args, req.kind, ("after", "limit"))
+    """A page of the node's own jobs (on a cluster's member too with ``local``, for ``top``)."""
+    check_known(req.args, req.kind, ("after", "limit", "local"))
     after = arg_int(req.args, "after", default=0, minimum=0)
     limit = arg_int(req.args, "limit", default=LIST_PAGE, minimum=1, maximum=LIST_PAGE)
     jobs = agent.db.page(after, limit + 1)

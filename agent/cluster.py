@@ -219,21 +219,24 @@ class ClusterNode:
         self.agent.extra_fds[self.fd] = self.readable
         shared_db.listen(conn, CHANNEL_QUEUE, CHANNEL_JOB)
         self.timeout = shared_db.heartbeat_timeout(conn)
-        was_down = cluster_db.register(conn, self.info)
+        was = cluster_db.register(conn, self.info)  # "new", "down" or "up"
+        self.refused = ""
         if self.warned:
             log.info("cluster database reachable again")
             self.warned = False
-        self.state = "down" if was_down else "up"
+        self.state = "up" if was == "up" else "down"
         self.healthy_since = self.last_beat = time.monotonic()
         self.reconcile()
         self.flush()
-        if was_down:
+        if was != "up":
             cluster_db.mark_up(conn, self.info)
             self.state = "up"
+        if was == "down":
             log.info("node %s rejoined the cluster after reconciling", self.info.name)
         else:
-            log.info("node %s joined the cluster (heartbeat %gs, timeout %gs)", self.info.name,
-                     self.cfg.heartbeat, self.timeout)
+            log.info("node %s joined the cluster%s (heartbeat %gs, timeout %gs)", self.info.name,
+                     " as a login node" if self.info.login else "", self.cfg.heartbeat,
+                     self.timeout)
         self.claim()
 
     def beat(self) -> None:

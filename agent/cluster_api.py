@@ -137,6 +137,10 @@ class ClusterRequests:
     def dispatch(self, peer: Conn, req: protocol.Request) -> Any:
         """Answer ``req`` (a kind of ``HANDLERS``): a reply, or PENDING for one that comes
         from the worker."""
+        if req.kind == "list" and req.args.get("local"):  # this node's own runs (top)
+            from tether.agent import api
+
+            return api.list_jobs(self.agent, peer, req)
         handler = HANDLERS[req.kind]
         if req.args.get("index") is not None:
             raise BadRequest("cluster jobs have no array elements (ID_INDEX)")
@@ -174,12 +178,12 @@ class ClusterRequests:
                       "workdir": workdir, "env": sub["env"], "pmi": sub["pmi"],
                       "username": user.name, "uid": user.uid, "gid": user.gid,
                       "groups": list(user.groups), "requeue": requeue,
-                      "held": sub["hold"], **paths}
+                      "held": sub["hold"], "umask": sub["umask"], **paths}
             return cluster_db.submit(conn, fields)
         return self.run(peer, req.id, call)
 
     def list_jobs(self, peer: Conn, req: protocol.Request) -> Any:
-        check_known(req.args, req.kind, ("after", "limit"))
+        check_known(req.args, req.kind, ("after", "limit", "local"))
         after = arg_int(req.args, "after", default=0, minimum=0)
         limit = arg_int(req.args, "limit", default=LIST_PAGE, minimum=1, maximum=LIST_PAGE)
 

@@ -40,10 +40,11 @@ class NodeInfo:
     login: bool = False
 
 
-def register(conn: Conn, info: NodeInfo) -> bool:
-    """Join (or rejoin) the cluster. True if the node was down (never joined, or declared down
-    meanwhile): it stays ``down`` until ``mark_up``, after the caller has reconciled."""
-    return bool(call(conn, "SELECT tether_register(%s, %s, %s, %s, %s, %s, %s, %s, %s)",
+def register(conn: Conn, info: NodeInfo) -> str:
+    """Join (or rejoin) the cluster: ``new`` (never joined), ``down`` (declared down meanwhile)
+    or ``up``. A node that was not up stays down until ``mark_up``, after the caller has
+    reconciled."""
+    return str(call(conn, "SELECT tether_register(%s, %s, %s, %s, %s, %s, %s, %s, %s)",
                      (info.name, info.host, info.state_dir, info.cpus, info.gpus,
                       info.memory_mb, info.version, info.session, info.login)))
 

@@ -67,6 +67,9 @@ def record(conn: sqlite3.Connection, row: dict[str, Any], attempt: int) -> int:
          row["username"], row["uid"], row["gid"]))
     local = cur.lastrowid
     assert local is not None
+    # the submitter's umask: its output files' and its tasks' (as on one node)
+    conn.execute("INSERT OR REPLACE INTO job_umask (id, umask) VALUES (?, ?)",
+                 (local, int(row.get("umask", 0o022))))
     conn.execute("INSERT INTO cluster_runs (local_job, cluster_job, attempt) VALUES (?, ?, ?)",
                  (local, row["id"], attempt))
     return int(local)
@@ -84,7 +87,7 @@ def invalid(row: dict[str, Any]) -> str | None:
             isinstance(k, str) and isinstance(v, str) and k and "=" not in k and "\0" not in k + v
             for k, v in env.items()):
         return "env must map variable names to string values"
-    for key in ("cpus_per_task", "ntasks", "gpus_req", "memory_mb", "uid", "gid"):
+    for key in ("cpus_per_task", "ntasks", "gpus_req", "memory_mb", "uid", "gid", "umask"):
         if not isinstance(row.get(key), int) or isinstance(row.get(key), bool) or row[key] < 0:
             return f"{key} must be a whole number"
     for key in ("name", "output", "error", "workdir", "username", "pmi"):

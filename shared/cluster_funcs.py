@@ -120,16 +120,19 @@ BEGIN
   IF coalesce(j.submitted_at, '') = '' THEN
     RETURN 'no submission time';
   END IF;
+  IF j.umask IS NULL OR j.umask < 0 OR j.umask > 511 THEN
+    RETURN 'umask must be 0 to 0777';
+  END IF;
   RETURN NULL;
 END $$;
 
 -- ---- membership -------------------------------------------------------------------------
 
--- Join or rejoin as the calling node. True if it had been down (never joined, or declared
--- down meanwhile): it stays down until tether_mark_up, after the agent reconciled.
+-- Join or rejoin as the calling node: 'new' (never joined), 'down' (declared down meanwhile) or
+-- 'up'. A node that was not up stays down until tether_mark_up, after its agent reconciled.
 CREATE OR REPLACE FUNCTION tether_register(p_name text, p_host text, p_state_dir text,
     p_cpus integer, p_gpus integer, p_memory_mb bigint, p_version text, p_session text,
-    p_login boolean) RETURNS boolean {definer} AS $$
+    p_login boolean) RETURNS text {definer} AS $$
 DECLARE
   me text := tether_me();
   r record;
@@ -152,7 +155,7 @@ BEGIN
          gpus = p_gpus, memory_mb = p_memory_mb, version = p_version, session = p_session,
          login = p_login, heartbeat = clock_timestamp(), registered_at = clock_timestamp()
    WHERE name = me;
-  RETURN r.state = 'down';
+  RETURN CASE WHEN r.session = '' THEN 'new' ELSE r.state END;
 END $$;
 
 CREATE OR REPLACE FUNCTION tether_mark_up(p_session text) RETURNS void {definer} AS $$
@@ -394,13 +397,14 @@ BEGIN
   END IF;
   INSERT INTO tether_jobs (name, command, state, cpus_per_task, ntasks, gpus_req, memory_mb,
          output, error, workdir, env, submitted_at, pmi, username, uid, gid, groups, requeue,
-         held, submit_node)
+         held, submit_node, umask)
   VALUES (p->>'name', p->'command', 'pending', (p->>'cpus_per_task')::integer,
           (p->>'ntasks')::integer, (p->>'gpus_req')::integer, (p->>'memory_mb')::bigint,
           coalesce(p->>'output', ''), coalesce(p->>'error', ''), p->>'workdir', p->'env',
           tether_now_text(), coalesce(p->>'pmi', 'none'), p->>'username',
           (p->>'uid')::integer, (p->>'gid')::integer, coalesce(p->'groups', '[]'),
-          coalesce((p->>'requeue')::boolean, true), coalesce((p->>'held')::boolean, false), me)
+          coalesce((p->>'requeue')::boolean, true), coalesce((p->>'held')::boolean, false), me,
+          coalesce((p->>'umask')::integer, 18))
   RETURNING * INTO j;
   v_id := j.id;
   UPDATE tether_jobs SET output = replace(CASE WHEN output = '' THEN workdir || '/tether-%j.out'
@@ -503,15 +507,18 @@ READABLE_JOB_COLUMNS = (
     "id, name, command, state, attempt, node, local_job, exit_code, signal, reason, "
     "cpus_per_task, ntasks, gpus_req, memory_mb, cpus, gpus, supervisor_pid, pids, output, "
     "error, workdir, submitted_at, started_at, ended_at, cancel_requested, requeue, pmi, "
-    "username, uid, gid, submit_node, groups, held, cancelled_by"
+    "username, uid, gid, submit_node, groups, held, cancelled_by, umask"
 )
 
 TABLES = ("tether_meta", "tether_nodes", "tether_jobs", "tether_attempts")
 
 
 def functions_sql(schema_ident: str) -> str:
-    """The functions' text for tables in the schema ``schema_ident`` (already quoted)."""
-    return FUNCTIONS.format(schema=schema_ident, definer=_DEF.format(schema=schema_ident))
+    """The functions' text for tables in the schema ``schema_ident`` (already quoted): each
+    dropped first, so that a function whose result type changed is made anew."""
+    drops = "".join(f"DROP FUNCTION IF EXISTS {name}({args});\n"
+                    for name, args in NODE_FUNCTIONS + INTERNAL_FUNCTIONS)
+    return drops + FUNCTIONS.format(schema=schema_ident, definer=_DEF.format(schema=schema_ident))
 
 
 def privileges_sql(group_ident: str) -> list[str]:

@@ -105,6 +105,7 @@ ALTER TABLE tether_jobs ADD COLUMN submit_node text;
 ALTER TABLE tether_jobs ADD COLUMN groups jsonb NOT NULL DEFAULT '[]';
 ALTER TABLE tether_jobs ADD COLUMN held boolean NOT NULL DEFAULT false;
 ALTER TABLE tether_jobs ADD COLUMN cancelled_by text;
+ALTER TABLE tether_jobs ADD COLUMN umask integer NOT NULL DEFAULT 18;
 """,
 }
 
@@ -119,7 +120,7 @@ JOB_COLUMNS = (
     "id, name, command, state, attempt, node, local_job, exit_code, signal, reason, "
     "cpus_per_task, ntasks, gpus_req, memory_mb, cpus, gpus, supervisor_pid, pids, output, "
     "error, workdir, submitted_at, started_at, ended_at, cancel_requested, requeue, pmi, "
-    "username, uid, gid, submit_node, groups, held, cancelled_by"
+    "username, uid, gid, submit_node, groups, held, cancelled_by, umask"
 )
 
 

@@ -51,7 +51,7 @@ def test_users_submit_wait_and_cancel_their_own_jobs_and_nobody_elses(
     assert not env  # nobody here holds a DSN
 
     def run(user: User, *args: str, node: Node = login) -> subprocess.CompletedProcess[str]:
-        return cli_as(user, node, *args, cwd=cluster.work)
+        return cli_as(user, node, *args, cwd=cluster.work, umask=0o027)
 
     # each submits from the login node; the job is hers, by the kernel's word
     jobs = {}
@@ -95,6 +95,7 @@ def test_users_submit_wait_and_cancel_their_own_jobs_and_nobody_elses(
     assert res.returncode == 0, res.stderr
     out = cluster.job(jobs[bob.name])["output"]
     assert os.stat(out).st_uid == bob.uid
+    assert stat.S_IMODE(os.stat(out).st_mode) == 0o640  # his umask, carried by the cluster
     with open(out) as f:
         assert f.read().strip() == str(bob.uid)
     # root may act on anyone's job (from any node)
