@@ -43,7 +43,7 @@ import tether
 from tether.agent import cluster_db, cluster_local, lifecycle_effects
 from tether.agent.job import FINAL, Job
 from tether.shared import cluster_db as shared_db
-from tether.shared import records
+from tether.shared import lease, records
 from tether.shared.cluster_sql import CHANNEL_JOB, CHANNEL_QUEUE, demand
 from tether.shared.errors import TetherError
 from tether.shared.timers import rfc3339_now
@@ -179,6 +179,10 @@ class ClusterNode:
         try:
             action()
         except (psycopg.Error, shared_db.ClusterUnreachable) as exc:
+            if lease.refused(exc):
+                # Stopped or restarting for everyone: nobody can requeue anything meanwhile,
+                # so this node's steps go on (shared/lease.py); silence is not this.
+                self.renew(lease.now())
             if not self.warned:
                 why = exc.message if isinstance(exc, shared_db.ClusterError) else \
                     shared_db.one_line(exc)
@@ -226,11 +230,13 @@ class ClusterNode:
             self.warned = False
         self.state = "up" if was == "up" else "down"
         self.healthy_since = self.last_beat = time.monotonic()
+        sent = lease.now()  # the registration stamped the heartbeat no earlier than this
         self.reconcile()
         self.flush()
         if was != "up":
             cluster_db.mark_up(conn, self.info)
             self.state = "up"
+        self.renew(sent)  # after the reconcile: a stale run is stopped, not given more time
         if was == "down":
             log.info("node %s rejoined the cluster after reconciling", self.info.name)
         else:
@@ -246,6 +252,7 @@ class ClusterNode:
             # We were stopped or starved for longer than the timeout: others may have declared
             # us down, and we cannot judge their heartbeats until we have beaten on time again.
             self.healthy_since = now
+        sent = lease.now()
         state = cluster_db.heartbeat(self.conn, self.info)
         self.last_beat = now
         if state == "taken":
@@ -260,6 +267,7 @@ class ClusterNode:
             self.join()
             return
         self.state = state
+        self.renew(sent)
         assert self.healthy_since is not None
         if now - self.healthy_since > self.timeout:
             for done in cluster_db.reap(self.conn):
@@ -268,6 +276,19 @@ class ClusterNode:
         self.reconcile()
         self.flush()
         self.claim()
+
+    def renew(self, sent: float) -> None:
+        """The node is in the cluster as of ``sent``: its steps' lease goes on."""
+        try:
+            lease.write(self.agent.layout.cluster_lease, sent, self.timeout, self.info.name)
+        except OSError as exc:  # its steps fence themselves in time: say why
+            log.error("cannot renew the lease in %s: %s", self.agent.layout.cluster_lease, exc)
+
+    def fence_spec(self, local_job: int) -> dict[str, Any] | None:
+        """What a step run for the cluster needs to fence itself (launcher.spec_of)."""
+        if not self.ready or cluster_local.get(self.agent.db.conn, local_job) is None:
+            return None
+        return {"lease": self.agent.layout.cluster_lease, "after": self.timeout}
 
     # ---- reconciling -----------------------------------------------------------------------
 
@@ -335,7 +356,10 @@ class ClusterNode:
                 "state": job.state, "exit_code": job.exit_code, "signal": job.signal,
                 "reason": job.reason, "started_at": job.started_at, "ended_at": job.ended_at,
                 "pids": job.pids, "supervisor_pid": job.supervisor_pid, "cpus": job.cpus,
-                "gpus": job.gpus, "local_job": job.id}
+                "gpus": job.gpus, "local_job": job.id,
+                # the node's loss, not the job's failure: requeued or node_fail (lease.py)
+                "fenced": job.state == "failed" and (job.reason or "").startswith(
+                    lease.FENCED)}
             refused = cluster_db.report(self.conn, run.cluster_job, run.attempt, result)
             # After the cluster's commit: a crash before this line reports again, and the
             # cluster refuses the repeat because the job is no longer active.

@@ -54,8 +54,17 @@ log = logging.getLogger("tether.agent.cluster")
 LIST_PAGE = 500
 LIST_PAGE_BYTES = 256 * 1024
 MAX_HOLD = 600.0
+#: what a cluster job carries of a submission
+CARRIED = frozenset({"command", "name", "cpus", "gpus", "memory_mb", "ntasks", "output", "error",
+                     "workdir", "env", "pmi", "user", "umask", "hold", "requeue"})
 #: submission arguments a cluster job does not carry yet: refused, never silently dropped
 NOT_YET = ("time_limit", "dependency", "array", "begin")
+
+
+def uncarried(args: Any) -> list[str]:
+    """The options of a submission a cluster job would drop (named as the CLI spells them)."""
+    return [{"time_limit": "--time"}.get(k, "--" + k.replace("_", "-"))
+            for k in sorted(args) if k not in CARRIED and args[k] is not None]
 #: times a ``wait`` reads its job again when the cluster changed while it read
 REREADS = 3
 
@@ -150,11 +159,10 @@ class ClusterRequests:
         from tether.agent.api import submission_args
 
         args = req.args
-        for key in NOT_YET:
-            if args.get(key) is not None:
-                option = {"time_limit": "--time"}.get(key, "--" + key)
-                raise BadRequest(f"{option} is not supported for cluster jobs yet")
-        sub = submission_args(args, req.kind, extra=("requeue",))
+        sub = submission_args(args, req.kind, extra=("requeue",))  # unknown ones: refused
+        dropped = uncarried(args)
+        if dropped:
+            raise BadRequest(f"{', '.join(dropped)} not supported for cluster jobs yet")
         requeue = args.get("requeue", True)
         if not isinstance(requeue, bool):
             raise BadRequest("argument 'requeue' must be true or false")

@@ -121,12 +121,12 @@ def cmd_init(conn: Any, ns: argparse.Namespace) -> int:
     from tether.shared import cluster_db
 
     root = None if ns.root_jobs is None else ns.root_jobs == "allow"
-    res = cluster_db.init(conn, ns.heartbeat_timeout, root)
+    res = cluster_db.init(conn, ns.heartbeat_timeout, root, ns.fence_margin)
     if ns.json:
         print(json.dumps(res))
     else:
         print(f"cluster schema version {res['schema_version']} ready (heartbeat timeout "
-              f"{res['heartbeat_timeout']:g}s, root jobs "
+              f"{res['heartbeat_timeout']:g}s, fence margin {res['fence_margin']:g}s, root jobs "
               f"{'allowed' if res['allow_root_jobs'] else 'denied'}, node group "
               f"{res['node_group']})")
     return 0

@@ -158,9 +158,14 @@ def add_cluster(sub: Any) -> None:
                            "version; a second run changes nothing but the settings given.")
     init.add_argument("--cluster-file", metavar="FILE", help=ADMIN_DSN_HELP)
     init.add_argument("--heartbeat-timeout", type=positive_seconds, metavar="SECONDS",
-                      help="how long a node may miss heartbeats before any live agent declares "
-                      "it down and requeues its jobs (default 30; a re-init without it keeps "
-                      "the current value)")
+                      help="how long a node may miss heartbeats before its own steps kill their "
+                      "tasks; a timeout and --fence-margin later any live agent declares it "
+                      "down and requeues its jobs (default 30; a re-init without it keeps the "
+                      "current value)")
+    init.add_argument("--fence-margin", type=positive_seconds, metavar="SECONDS",
+                      help="how long after a lost node's steps fenced themselves (at the "
+                      "heartbeat timeout) its jobs may run elsewhere (default 5; a re-init "
+                      "without it keeps the current value)")
     init.add_argument("--root-jobs", choices=["allow", "deny"],
                       help="may root's jobs run from the cluster (Slurm's DisableRootJobs; "
                       "default deny; a re-init without it keeps the current value)")

@@ -28,6 +28,7 @@ from psycopg.types.json import Jsonb
 from tether.shared import cluster_funcs
 from tether.shared.cluster_sql import (
     ACTIVE,
+    DEFAULT_FENCE_MARGIN,
     DEFAULT_HEARTBEAT_TIMEOUT,
     INIT_LOCK,
     JOB_COLUMNS,
@@ -119,7 +120,8 @@ def heartbeat_timeout(conn: Conn) -> float:
     return DEFAULT_HEARTBEAT_TIMEOUT if row is None else float(row["value"])
 
 
-def init(conn: Conn, timeout: float | None, root_jobs: bool | None = None) -> dict[str, Any]:
+def init(conn: Conn, timeout: float | None, root_jobs: bool | None = None,
+         fence_margin: float | None = None) -> dict[str, Any]:
     """Create or upgrade the schema, its functions and privileges (idempotent); set the
     settings given. Run by the administrator: the role that owns the tables."""
     with conn.transaction():
@@ -147,6 +149,9 @@ def init(conn: Conn, timeout: float | None, root_jobs: bool | None = None) -> di
                  replace=timeout is not None)
         set_meta(conn, "allow_root_jobs", "true" if root_jobs else "false",
                  replace=root_jobs is not None)
+        set_meta(conn, "fence_margin",
+                 repr(float(fence_margin if fence_margin is not None else
+                            DEFAULT_FENCE_MARGIN)), replace=fence_margin is not None)
         group = node_group(conn)
         set_meta(conn, "node_group", group, replace=False)
         conn.execute(sql.SQL("DO $$ BEGIN IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = "
@@ -157,11 +162,10 @@ def init(conn: Conn, timeout: float | None, root_jobs: bool | None = None) -> di
         for statement in cluster_funcs.privileges_sql(sql.Identifier(group).as_string(conn)):
             conn.execute(statement)
         hb = heartbeat_timeout(conn)
-        root = conn.execute("SELECT value FROM tether_meta WHERE key = 'allow_root_jobs'"
-                            ).fetchone()
+        meta = {r["key"]: r["value"] for r in conn.execute("SELECT * FROM tether_meta")}
     return {"schema_version": SCHEMA_VERSION, "previous_version": found or None,
-            "heartbeat_timeout": hb, "node_group": group,
-            "allow_root_jobs": root is not None and root["value"] == "true"}
+            "heartbeat_timeout": hb, "fence_margin": float(meta["fence_margin"]),
+            "node_group": group, "allow_root_jobs": meta["allow_root_jobs"] == "true"}
 
 
 def set_meta(conn: Conn, key: str, value: str, replace: bool = True) -> None:

@@ -55,6 +55,7 @@ INTERNAL_FUNCTIONS = (
     ("tether_setting", "text, text"),
     ("tether_now_text", ""),
     ("tether_invalid", "tether_jobs"),
+    ("tether_lose", "bigint, integer, text"),
 )
 
 _DEF = "LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, {schema}, pg_temp"
@@ -188,15 +189,18 @@ BEGIN
   RETURN FOUND;
 END $$;
 
--- Declare down every up node whose heartbeat is older than the timeout, by the database's
--- clock. Only a node that is up and beat on time itself may judge, and not before the server
--- has run for a whole timeout (after a restart every heartbeat looks stale). Each node's
--- active jobs go back to the queue (attempt + 1 at their next claim), or fail (--no-requeue),
--- or end cancelled if that was asked; their attempts are lost.
+-- Declare down every up node whose heartbeat is older than the timeout plus the fencing margin,
+-- by the database's clock: by then that node's own steps have killed their tasks (their lease
+-- ran out at the timeout, shared/lease.py), so its jobs may run elsewhere without overlapping.
+-- Only a node that is up and beat on time itself may judge, and not before the server has run
+-- for as long (after a restart every heartbeat looks stale). Each node's active jobs go back to
+-- the queue (attempt + 1 at their next claim), or end node_fail (--no-requeue), or cancelled
+-- if that was asked; their attempts are lost.
 CREATE OR REPLACE FUNCTION tether_reap() RETURNS jsonb {definer} AS $$
 DECLARE
   me text := tether_me();
   timeout float8 := tether_setting('heartbeat_timeout', '30')::float8;
+  margin float8 := tether_setting('fence_margin', '5')::float8;
   mine record; n record; j record;
   why text; v_state text; v_reason text;
   requeued bigint[]; failed bigint[];
@@ -205,48 +209,62 @@ BEGIN
   SELECT state, extract(epoch FROM clock_timestamp() - heartbeat)::float8 AS age INTO mine
     FROM tether_nodes WHERE name = me;
   IF mine.state <> 'up' OR mine.age > timeout
-     OR extract(epoch FROM clock_timestamp() - pg_postmaster_start_time()) < timeout THEN
+     OR extract(epoch FROM clock_timestamp() - pg_postmaster_start_time()) < timeout + margin
+  THEN
     RETURN done;
   END IF;
   FOR n IN SELECT name, extract(epoch FROM clock_timestamp() - heartbeat)::float8 AS age
              FROM tether_nodes
             WHERE state = 'up' AND name <> me
-              AND heartbeat < clock_timestamp() - make_interval(secs => timeout)
+              AND heartbeat < clock_timestamp() - make_interval(secs => timeout + margin)
             ORDER BY name FOR UPDATE SKIP LOCKED LOOP
-    why := format('node %s missed its heartbeats (last %ss ago, timeout %ss); declared down '
-                  'by %s', n.name, round(n.age::numeric, 1), timeout, me);
+    why := format('node %s missed its heartbeats (last %ss ago; timeout %ss, after which its '
+                  'steps fence themselves, and a margin of %ss); declared down by %s', n.name,
+                  round(n.age::numeric, 1), timeout, margin, me);
     UPDATE tether_nodes SET state = 'down', reason = why WHERE name = n.name;
     requeued := '{{}}'; failed := '{{}}';
     FOR j IN SELECT id, attempt, requeue, cancel_requested FROM tether_jobs
               WHERE node = n.name AND state IN ('starting', 'running') FOR UPDATE LOOP
-      IF j.cancel_requested THEN
-        v_state := 'cancelled'; v_reason := 'cancelled; ' || why;
-      ELSIF j.requeue THEN
-        v_state := 'pending';
-        v_reason := format('requeued after attempt %s: %s', j.attempt, why);
-      ELSE
-        v_state := 'failed'; v_reason := why || '; not requeued (--no-requeue)';
-      END IF;
+      SELECT * INTO v_state, v_reason FROM tether_lose(j.id, j.attempt, why);
       IF v_state = 'pending' THEN
         requeued := requeued || j.id;
-        UPDATE tether_jobs SET state = v_state, reason = v_reason, node = NULL, ended_at = NULL
-         WHERE id = j.id;
       ELSE
         failed := failed || j.id;
-        UPDATE tether_jobs SET state = v_state, reason = v_reason, ended_at = tether_now_text()
-         WHERE id = j.id;
       END IF;
-      UPDATE tether_attempts SET state = 'lost', reason = why, ended_at = clock_timestamp()
-       WHERE job = j.id AND attempt = j.attempt;
-      PERFORM pg_notify('tether_job', j.id::text);
     END LOOP;
-    IF cardinality(requeued) > 0 THEN
-      PERFORM pg_notify('tether_queue', '');
-    END IF;
     done := done || jsonb_build_object('node', n.name, 'requeued', to_jsonb(requeued),
                                        'failed', to_jsonb(failed), 'reason', why);
   END LOOP;
   RETURN done;
+END $$;
+
+-- The current attempt of a job was lost with its node (declared down, or its step fenced
+-- itself): the job goes back to the queue, or ends node_fail (--no-requeue), or cancelled if
+-- that was asked. The caller holds the job's row. Returns the new state and reason.
+CREATE OR REPLACE FUNCTION tether_lose(p_job bigint, p_attempt integer, p_why text,
+    OUT v_state text, OUT v_reason text) {definer} AS $$
+DECLARE j record;
+BEGIN
+  SELECT requeue, cancel_requested INTO j FROM tether_jobs WHERE id = p_job;
+  IF j.cancel_requested THEN
+    v_state := 'cancelled'; v_reason := 'cancelled; ' || p_why;
+  ELSIF j.requeue THEN
+    v_state := 'pending';
+    v_reason := format('requeued after attempt %s: %s', p_attempt, p_why);
+  ELSE
+    v_state := 'node_fail'; v_reason := p_why || '; not requeued (--no-requeue)';
+  END IF;
+  IF v_state = 'pending' THEN
+    UPDATE tether_jobs SET state = v_state, reason = v_reason, node = NULL, ended_at = NULL
+     WHERE id = p_job;
+    PERFORM pg_notify('tether_queue', '');
+  ELSE
+    UPDATE tether_jobs SET state = v_state, reason = v_reason, ended_at = tether_now_text()
+     WHERE id = p_job;
+  END IF;
+  UPDATE tether_attempts SET state = 'lost', reason = p_why, ended_at = clock_timestamp()
+   WHERE job = p_job AND attempt = p_attempt;
+  PERFORM pg_notify('tether_job', p_job::text);
 END $$;
 
 -- ---- work -------------------------------------------------------------------------------
@@ -328,7 +346,8 @@ CREATE OR REPLACE FUNCTION tether_report(p_job bigint, p_attempt integer, p_resu
     RETURNS text {definer} AS $$
 DECLARE me text := tether_me(); r record; st text := p_result->>'state';
 BEGIN
-  IF st IS NULL OR st NOT IN ('completed', 'failed', 'cancelled', 'timeout', 'lost') THEN
+  IF st IS NULL OR st NOT IN ('completed', 'failed', 'cancelled', 'timeout', 'lost', 'node_fail')
+  THEN
     RAISE EXCEPTION 'a result''s state must be a final one, not %', st USING ERRCODE = 'TT400';
   END IF;
   SELECT state, attempt, node INTO r FROM tether_jobs WHERE id = p_job FOR UPDATE;
@@ -339,6 +358,11 @@ BEGIN
      OR r.state NOT IN ('starting', 'running') THEN
     RETURN format('job %s attempt %s is no longer current here (now attempt %s, %s, node %s)',
                   p_job, p_attempt, r.attempt, r.state, r.node);
+  END IF;
+  IF coalesce((p_result->>'fenced')::boolean, false) THEN
+    -- its step killed its tasks when the node's lease ran out: the node's loss, not the job's
+    PERFORM tether_lose(p_job, p_attempt, p_result->>'reason');
+    RETURN NULL;
   END IF;
   UPDATE tether_jobs SET state = st,
          exit_code = (p_result->>'exit_code')::integer,

@@ -24,6 +24,9 @@ INIT_LOCK = 0x7465746865720001
 
 #: Default of ``heartbeat_timeout`` (seconds) when ``cluster init`` is not given one.
 DEFAULT_HEARTBEAT_TIMEOUT = 30.0
+#: Default of ``fence_margin`` (seconds): a lost node's jobs run elsewhere only this long after
+#: its steps fenced themselves (shared/lease.py): their check every second, the kill, clocks.
+DEFAULT_FENCE_MARGIN = 5.0
 
 #: NOTIFY channels. ``queue``: work may be claimable (a submit, freed resources, a resume).
 #: ``job``: payload a job id; its state changed or a cancel was asked for.
@@ -31,7 +34,7 @@ CHANNEL_QUEUE = "tether_queue"
 CHANNEL_JOB = "tether_job"
 
 ACTIVE = ("starting", "running")
-FINAL = ("completed", "failed", "cancelled", "lost")
+FINAL = ("completed", "failed", "cancelled", "lost", "timeout", "node_fail")
 
 MIGRATIONS: dict[int, str] = {
     1: """

@@ -131,6 +131,12 @@ class Layout(Frozen):
         return os.path.join(self.state_dir, "cluster.json")
 
     @property
+    def cluster_lease(self) -> str:
+        """A cluster member's lease (shared/lease.py): renewed after each heartbeat the
+        database accepted; its cluster steps end their tasks once it is too old."""
+        return os.path.join(self.state_dir, "cluster-lease.json")
+
+    @property
     def template_sock(self) -> str:
         return os.path.join(self.state_dir, "template.sock")
 

@@ -145,6 +145,7 @@ class Claims(SupervisorState):
             self.timers.at(time.monotonic() + heapfile.DELAY, self.give_back_copies)
         log.info("launched %d task(s): pids %s", self.step.ntasks,
                  [t.pid for t in self.step.tasks])
+        self.start_fencing()  # a cluster's step: its tasks end with the node's lease
         self.answer_claims()
         self.reap()  # a launch failure may already have finished the step
 

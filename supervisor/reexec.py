@@ -65,6 +65,8 @@ class Reexec(SupervisorState):
             self.kill_timer = self.timers.at(timers["kill"], self.kill_now)
         if "limit" in timers:
             self.limit_timer = self.timers.at(timers["limit"], self.time_limit_reached)
+        if self.step.phase is Phase.RUNNING:
+            self.start_fencing()  # the lease is read again from the file: nothing to hand over
 
     def request_upgrade(self) -> str:
         """The ``upgrade`` verb: check the installed build can take over; exec after the reply."""

@@ -41,6 +41,7 @@ from tether.shared import faults
 from tether.shared.door_listener import listen_socket
 from tether.supervisor import handover
 from tether.supervisor.claims import Claims
+from tether.supervisor.fencing import Fencing
 from tether.supervisor.follow import Followers
 from tether.supervisor.pmi_loop import PmiLoop
 from tether.supervisor.reaping import Reaping
@@ -58,7 +59,8 @@ log = logging.getLogger("tether.supervisor")
 READY_MANIFEST_AFTER = 0.1
 
 
-class Supervisor(Requests, Claims, Terminating, Reaping, PmiLoop, Recording, Followers, Reexec):
+class Supervisor(Requests, Claims, Terminating, Reaping, PmiLoop, Recording, Followers, Reexec,
+                 Fencing):
     """One step's supervisor: the loop here, the rest in its parts (see the module docstring)."""
 
     def run(self) -> int:

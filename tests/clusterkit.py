@@ -32,6 +32,8 @@ from tether.shared.cluster_sql import node_state
 
 HEARTBEAT = "0.5"
 TIMEOUT = 3.0
+#: a lost node's jobs run elsewhere TIMEOUT + MARGIN after its last heartbeat
+MARGIN = 1.5
 #: a job that holds its CPUs until the test opens the gate (Cluster.go)
 GATE = "while [ ! -e go ]; do sleep 0.05; done"
 
@@ -62,7 +64,8 @@ class Cluster:
         os.chmod(self.work, 0o777)  # every test user writes its outputs here
         self.nodes: dict[str, Node] = {}
         self.roles: list[str] = []
-        self.admin("init", "--heartbeat-timeout", str(TIMEOUT), "--root-jobs", root_jobs)
+        self.admin("init", "--heartbeat-timeout", str(TIMEOUT), "--fence-margin", str(MARGIN),
+                   "--root-jobs", root_jobs)
 
     # ---- the administrator -----------------------------------------------------------------
 
@@ -130,18 +133,18 @@ class Cluster:
     def put(self, *command: str, requeue: bool = True, uid: int = 0, user: str = "root",
             env: Any = None) -> int:
         """A row straight into the table, as the owner may (fast: no interpreter start)."""
-        rows = self.sql(
-            "INSERT INTO tether_jobs (name, command, state, cpus_per_task, ntasks, gpus_req, "
+        out = f"{self.work}/tether-"
+        rows = self.sql(  # one statement: a claim never sees the row half written
+            "WITH n AS (SELECT nextval('tether_jobs_id_seq') AS id) "
+            "INSERT INTO tether_jobs (id, name, command, state, cpus_per_task, ntasks, gpus_req, "
             "memory_mb, output, error, workdir, env, submitted_at, pmi, username, uid, gid, "
-            "requeue) VALUES (%s, %s, 'pending', 1, 1, 0, 0, %s, %s, %s, %s, "
-            "'2026-01-01T00:00:00.000Z', 'none', %s, %s, %s, %s) RETURNING id",
-            command[0] if command else "x", Jsonb(list(command)),
-            f"{self.work}/put.out", f"{self.work}/put.out", self.work,
+            "requeue) SELECT n.id, %s, %s, 'pending', 1, 1, 0, 0, %s || n.id || '.out', "
+            "%s || n.id || '.out', %s, %s, '2026-01-01T00:00:00.000Z', 'none', %s, %s, %s, %s "
+            "FROM n RETURNING id",
+            command[0] if command else "x", Jsonb(list(command)), out, out, self.work,
             Jsonb({"PATH": os.environ["PATH"]} if env is None else env), user, uid, uid,
             requeue)
         job = int(rows[0]["id"])
-        self.sql("UPDATE tether_jobs SET output = %s, error = %s WHERE id = %s",
-                 f"{self.work}/tether-{job}.out", f"{self.work}/tether-{job}.out", job)
         self.sql("SELECT pg_notify('tether_queue', '')")
         return job
 
