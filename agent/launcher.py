@@ -132,12 +132,12 @@ def spec_of(agent: Agent, job: Job) -> dict[str, Any]:
         spec["time_limit"] = job.time_limit  # the supervisor enforces it (survives us)
     if job.array_id is not None:
         spec["array"] = {"id": job.array_id, "index": job.array_index}
-    return spec
-
     if agent.cluster is not None:
         fence = agent.cluster.fence_spec(job.id)
         if fence is not None:
             spec["fence"] = fence  # its tasks end with the node's lease (shared/lease.py)
+    return spec
+
 
 def spawn_failed(agent: Agent, job_id: int, attempt: int, exc: BaseException) -> None:
     """No supervisor could be started for the attempt (unless its lock says otherwise)."""

@@ -114,8 +114,6 @@ class SupervisorState:
         self.limit_timer: Timer | None = None
         self.drain_timer: Timer | None = None
         self.drain_check: Timer | None = None
-        #: when this process last gave back its copies of the template's pages (heapfile.py;
-        #: None: not yet, or it has no heap file to compare with)
         #: a cluster step's lease (fencing.py): its file, the timeout, the last renewal seen
         #: (CLOCK_BOOTTIME), when watching began, and the next look
         self.fence_path: str | None = None
@@ -123,6 +121,8 @@ class SupervisorState:
         self.lease_since: float | None = None
         self.fence_started = 0.0
         self.fence_timer: Timer | None = None
+        #: when this process last gave back its copies of the template's pages (heapfile.py;
+        #: None: not yet, or it has no heap file to compare with)
         self.gave_back_at: float | None = None
         #: finds leftover children while draining: from the children files, else off the loop
         #: (sweeper.py)
@@ -180,12 +180,12 @@ class SupervisorState:
     def kill_cgroup(self) -> None:
         raise NotImplementedError
 
-    # follow.py
-    def answer_event_waiter(self, w: Parked[int], *, force: bool = True,
     # fencing.py
     def start_fencing(self) -> None:
         raise NotImplementedError
 
+    # follow.py
+    def answer_event_waiter(self, w: Parked[int], *, force: bool = True,
                             upgrading: bool = False) -> bool:
         raise NotImplementedError
 
