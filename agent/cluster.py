@@ -3,26 +3,32 @@
 Theory of operation. The agent runs exactly as standalone: its SQLite is the record of what runs
 here, its scheduler starts local pending jobs, supervisors are followed as always. This module
 only (1) turns cluster claims into local pending jobs, (2) reports local results back, and
-(3) keeps the node's membership: heartbeats, declaring dead nodes down, reconciling.
+(3) keeps the node's membership: heartbeats, declaring dead nodes down, reconciling, and the
+lease its steps fence themselves by (``shared/lease.py``).
 
-Everything happens on the agent's one event loop. The database connection's socket sits in the
-loop's poller (LISTEN/NOTIFY wakes it: a submit, freed resources, a cancel); a timer beats every
-``heartbeat`` seconds. Each database call is a short transaction with bounded waits
-(``shared/cluster_db.py``); the loop never waits on another agent's locks.
+The loop never waits on the database. Each *pass* (``cluster_pass.py``) runs on a worker thread
+of its own with its own connection: the loop takes a snapshot of what it knows, the worker does
+the pass's statements (each bounded by the connection's timeouts), and the loop applies the
+outcome when the worker's wakeup fd says it is done. One pass is in flight at a time; whatever
+asks for another meanwhile (the heartbeat timer, a NOTIFY on the LISTEN connection, a job that
+started or ended here) gets one more right after. The LISTEN connection is opened by the worker
+and handed to the loop, which only reads notifications from it.
 
 Races and their answers:
-- Claim vs crash: the local job and its link row are inserted in a local transaction that
-  commits only after the cluster's claim committed. A crash in between leaves a cluster claim
-  with no local job, which the next reconcile puts back in the queue (it never ran).
+- Claim vs crash: the local job and its link row are inserted in a local transaction after the
+  cluster's claim committed. A crash in between leaves a cluster claim with no local job, which
+  the next pass puts back in the queue (it never ran).
 - Result vs node declared down: ``report`` checks the current attempt in the transaction that
   writes the result; a stale result is refused and dropped.
 - Database unreachable: running jobs go on; results stay in the local outbox (``cluster_local``)
-  and are delivered when it returns; no new work is claimed meanwhile.
+  and are delivered when it returns; no new work is claimed meanwhile. While it refuses
+  connections (an outage everyone sees) the lease is renewed; while it does not answer at all
+  the lease runs out and the steps fence themselves.
 - Database back after an outage: every heartbeat in the cluster looks stale. An agent may declare
   a node down only after it has itself been connected and heartbeating for longer than the
   timeout (so every live node has had the time to beat again).
 - A node that was declared down (stopped, partitioned, slow) and comes back reconciles before it
-  claims anything: every local run whose attempt is no longer current is killed and its result
+  renews its lease: every local run whose attempt is no longer current is killed and its result
   discarded; every result of a current attempt is reported.
 """
 
@@ -31,8 +37,8 @@ from __future__ import annotations
 import logging
 import secrets
 import socket
+import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -41,17 +47,21 @@ import zmq
 
 import tether
 from tether.agent import cluster_db, cluster_local, lifecycle_effects
+from tether.agent.cluster_pass import Outcome, Passes, Snapshot
 from tether.agent.job import FINAL, Job
+from tether.agent.offload import Offload
 from tether.shared import cluster_db as shared_db
 from tether.shared import lease, records
 from tether.shared.cluster_sql import CHANNEL_JOB, CHANNEL_QUEUE, demand
 from tether.shared.errors import TetherError
-from tether.shared.timers import rfc3339_now
 
 if TYPE_CHECKING:
     from tether.agent.daemon import Agent
 
 log = logging.getLogger("tether.agent.cluster")
+
+#: how long the agent's stop waits for the worker to say an idle node leaves
+LEAVE_WAIT = 12.0
 
 
 @dataclass(frozen=True)
@@ -68,8 +78,6 @@ class ClusterNode:
     def __init__(self, agent: Agent, cfg: ClusterConfig) -> None:
         self.agent = agent
         self.cfg = cfg
-        self.conn: shared_db.Conn | None = None
-        self.fd: int | None = None
         login = cfg.login
         self.info = cluster_db.NodeInfo(
             name=agent.cfg.node, host=socket.gethostname(), state_dir=agent.cfg.state_dir,
@@ -77,6 +85,16 @@ class ClusterNode:
             gpus=0 if login else len(agent.ledger.gpu_ids),
             memory_mb=0 if login else agent.ledger.memory_mb, version=tether.__version__,
             session=secrets.token_hex(8), login=login)
+        #: the worker thread and its side of each pass (its connection lives there)
+        self.worker = Offload(maxsize=16)
+        self.passes = Passes(cfg.dsn, self.info)
+        #: the LISTEN connection, read on the loop only
+        self.listener: shared_db.Conn | None = None
+        self.fd: int | None = None
+        self.in_flight = False
+        self.again = False
+        #: the next pass joins (connects and registers)
+        self.joined = False
         self.timeout = 30.0
         #: monotonic time since which this agent has been connected and beating on time
         self.healthy_since: float | None = None
@@ -85,6 +103,8 @@ class ClusterNode:
         self.state = "offline"
         #: local jobs already told to stop (a cancel, or a stale attempt)
         self.stopping_local: set[int] = set()
+        #: claimed rows this node cannot run, reported by the next pass
+        self.failures: list[tuple[int, int, str]] = []
         self.warned = False
         #: the database's last refusal, logged once
         self.refused = ""
@@ -95,7 +115,7 @@ class ClusterNode:
     # ---- the agent's hooks -----------------------------------------------------------------
 
     def start(self) -> None:
-        """Before the agent serves: set the local table up, join if the database answers."""
+        """Before the agent serves: set the local table up; the first pass joins."""
         db = self.agent.db
         cluster_local.ensure(db.conn)
         self.ready = True
@@ -106,79 +126,124 @@ class ClusterNode:
             if state == "pending":  # claimed in the very loop turn the last agent died in
                 self.stop_local(run, "abandoned at an agent restart before it started; the "
                                 "cluster queues it again", discard=True)
-        self.guarded(self.join)
+        fd = self.worker.fileno()
+        self.agent.poller.register(fd, zmq.POLLIN)
+        self.agent.extra_fds[fd] = self.worker.service
+        self.request_pass()
         self.agent.timers.at(time.monotonic() + self.cfg.heartbeat, self.tick)
 
     def stop(self) -> None:
         """The agent is stopping: an idle node leaves the cluster, a busy one stays ``up``."""
-        if self.conn is None:
-            return
         busy = bool(self.agent.db.in_states("starting", "running"))
         owed = any(state in FINAL for _, state in cluster_local.open_runs(self.agent.db.conn))
+        done = threading.Event()
+        left: list[bool] = []
+
+        def leave() -> None:
+            try:
+                if self.joined and not busy and not owed:
+                    left.append(self.passes.leave_if_idle())
+            finally:
+                self.passes.close()
+                done.set()
         try:
-            if not busy and not owed and cluster_db.leave_if_idle(self.conn, self.info):
-                log.info("node %s is down: its agent stopped while idle", self.info.name)
-            else:
-                log.info("node %s stays up: its jobs keep running and a restart within %gs "
-                         "loses nothing", self.info.name, self.timeout)
-        except psycopg.Error as exc:
-            log.warning("could not tell the cluster this agent stops: %s", shared_db.one_line(exc))
-        self.disconnect()
+            self.worker.submit(leave, lambda r, e: None, "cluster passes")
+            done.wait(LEAVE_WAIT)
+        except TetherError:
+            pass
+        if left and left[0]:
+            log.info("node %s is down: its agent stopped while idle", self.info.name)
+        elif self.joined:
+            log.info("node %s stays up: its jobs keep running and a restart within %gs loses "
+                     "nothing", self.info.name, self.timeout)
+        self.close_listener()
+        self.worker.close()
 
     def job_ended(self, job: Job) -> None:
-        """A local job reached a final state: its result is owed (delivered off this stack)."""
+        """A local job reached a final state: its result is owed (the next pass delivers it)."""
         if self.ready and cluster_local.get(self.agent.db.conn, job.id) is not None:
-            self.agent.timers.at(0.0, lambda: self.guarded(self.flush))
+            self.request_pass()
 
     def job_running(self, job: Job) -> None:
-        if not self.ready:
-            return  # reconcile reports it once the node joins
-        run = cluster_local.get(self.agent.db.conn, job.id)
-        if run is not None and run.status == "open" and self.conn is not None:
-            self.guarded(lambda: self.report_running(run, job))
+        if self.ready and cluster_local.get(self.agent.db.conn, job.id) is not None:
+            self.request_pass()  # the pass reports its start
 
-    # ---- the loop's events -----------------------------------------------------------------
+    # ---- passes ----------------------------------------------------------------------------
 
     def tick(self) -> None:
-        """The heartbeat: beat (or reconnect), declare dead nodes down, reconcile, claim."""
+        """The heartbeat timer: a pass every ``heartbeat`` seconds."""
         try:
-            if self.conn is None:
-                self.guarded(self.join)
-            else:
-                self.guarded(self.beat)
+            self.request_pass()
         finally:
             self.agent.timers.at(time.monotonic() + self.cfg.heartbeat, self.tick)
 
-    def readable(self) -> None:
-        self.guarded(self.on_notifies)
-
-    def on_notifies(self) -> None:
-        assert self.conn is not None
-        claim = sync = False
-        for _ in range(8):  # bounded: notifies that arrive while we act are taken next round
-            got = list(self.conn.notifies(timeout=0))
-            if not got:
-                break
-            for n in got:
-                if n.channel == CHANNEL_QUEUE:
-                    claim = True
-                elif n.channel == CHANNEL_JOB:
-                    sync = True
-                    if n.payload.isdigit() and self.agent.cluster_requests is not None:
-                        self.agent.cluster_requests.job_changed(int(n.payload))
-            if sync:
-                self.reconcile()
-            if claim:
-                self.claim()
-            claim = sync = False
-
-    # ---- membership ------------------------------------------------------------------------
-
-    def guarded(self, action: Callable[[], None]) -> None:
-        """Run one database action; a failure of the database never stops the agent."""
+    def request_pass(self) -> None:
+        if self.in_flight:
+            self.again = True  # one more right after this one: what asked is in its snapshot
+            return
+        if not self.ready or self.agent.stopping:
+            return
+        snap = self.snapshot()
+        self.in_flight = True
         try:
-            action()
-        except (psycopg.Error, shared_db.ClusterUnreachable) as exc:
+            self.worker.submit(lambda: self.passes.run(snap), self.pass_done, "cluster passes")
+        except TetherError:  # its queue is full: the timer asks again
+            self.in_flight = False
+
+    def snapshot(self) -> Snapshot:
+        """What the loop knows, for the next pass."""
+        db = self.agent.db
+        now = time.monotonic()
+        may_reap = (self.joined and self.healthy_since is not None
+                    and now - self.healthy_since > self.timeout)
+        snap = Snapshot(join=not self.joined, may_reap=may_reap,
+                        failures=self.failures)
+        self.failures = []
+        for run, state in cluster_local.open_runs(db.conn):
+            snap.known.add((run.cluster_job, run.attempt))
+            job = db.get(run.local_job)
+            if job is None:
+                continue
+            if state in FINAL:
+                snap.results.append((job.id, run.cluster_job, run.attempt, result_of(job)))
+            elif job.state == "running":
+                snap.running[(run.cluster_job, run.attempt)] = {
+                    "local_job": job.id, "started_at": job.started_at, "cpus": job.cpus,
+                    "gpus": job.gpus, "pids": job.pids, "supervisor_pid": job.supervisor_pid}
+        snap.free = self.free()
+        return snap
+
+    def free(self) -> tuple[int, int, int] | None:
+        """What this node may claim now, or None."""
+        if self.info.login or self.agent.stopping:
+            return None
+        ledger = self.agent.ledger
+        free = [len(ledger.free_cpus), len(ledger.free_gpus), ledger.free_memory]
+        for job in self.agent.db.in_states("pending"):  # local work not yet allocated
+            need = demand({"cpus_per_task": job.cpus_per_task, "ntasks": job.ntasks,
+                           "gpus_req": job.gpus_req, "memory_mb": job.memory_mb})
+            free = [f - n for f, n in zip(free, need, strict=True)]
+        if min(free) < 0 or free[0] == 0:
+            return None
+        return (free[0], free[1], free[2])
+
+    def pass_done(self, out: Outcome | None, exc: BaseException | None) -> None:
+        """On the loop: apply what the pass did, or take its failure."""
+        self.in_flight = False
+        try:
+            if exc is not None:
+                self.failed(exc)
+            elif out is not None:
+                self.apply(out)
+        finally:
+            if self.again:
+                self.again = False
+                self.request_pass()
+
+    def failed(self, exc: BaseException) -> None:
+        """A pass failed; the database's failures never stop the agent."""
+        self.disconnect()
+        if isinstance(exc, (psycopg.Error, shared_db.ClusterUnreachable)):
             if lease.refused(exc):
                 # Stopped or restarting for everyone: nobody can requeue anything meanwhile,
                 # so this node's steps go on (shared/lease.py); silence is not this.
@@ -190,14 +255,80 @@ class ClusterNode:
                             "results are kept locally and delivered when it returns; no new "
                             "work meanwhile", why)
                 self.warned = True
-            self.disconnect()
-        except TetherError as exc:  # refused: not a node's login, another agent has the node
+        elif isinstance(exc, TetherError):  # refused: not a node's login, another agent's node
             if exc.message != self.refused:  # said once, not at every heartbeat
                 log.error("cluster: %s", exc.message)
                 self.refused = exc.message
-            self.disconnect()
+        else:
+            log.error("cluster pass failed: %s", exc, exc_info=exc)
 
-    def disconnect(self) -> None:
+    def apply(self, out: Outcome) -> None:
+        now = time.monotonic()
+        self.timeout = out.timeout
+        if out.listener is not None:
+            self.close_listener()
+            self.listener = out.listener
+            self.fd = out.listener.fileno()
+            self.agent.poller.register(self.fd, zmq.POLLIN)
+            self.agent.extra_fds[self.fd] = self.readable
+        if out.state == "taken":
+            log.error("node %s was registered by another agent: this one leaves the cluster",
+                      self.info.name)
+            self.disconnect()
+            return
+        if out.was is not None:  # joined or rejoined
+            if not self.joined and self.warned:
+                log.info("cluster database reachable again")
+            self.warned = False
+            self.refused = ""
+            self.joined = True
+            self.healthy_since = now
+            if out.was == "down" and self.state != "offline":
+                log.warning("node %s was declared down while this agent was away: "
+                            "reconciling before taking any work", self.info.name)
+        elif now - self.last_beat > self.timeout or self.healthy_since is None:
+            # We were stopped or starved for longer than the timeout: others may have declared
+            # us down, and we cannot judge their heartbeats until we have beaten on time again.
+            self.healthy_since = now
+        self.last_beat = now
+        for done in out.reaped:
+            log.warning("%s: requeued jobs %s, failed jobs %s", done["reason"],
+                        done["requeued"], done["failed"])
+        self.delivered(out)
+        self.reconcile(out)
+        if out.state == "not_up":
+            log.warning("node %s is not up in the cluster: rejoining", self.info.name)
+            self.joined = False
+            self.again = True
+            return
+        self.state = out.state
+        if out.sent is not None:
+            self.renew(out.sent)  # after the reconcile: a stale run is stopped, not given time
+        if out.was == "down":
+            log.info("node %s rejoined the cluster after reconciling", self.info.name)
+        elif out.was is not None:
+            log.info("node %s joined the cluster%s (heartbeat %gs, timeout %gs)",
+                     self.info.name, " as a login node" if self.info.login else "",
+                     self.cfg.heartbeat, self.timeout)
+        self.record_claims(out.claimed)
+
+    def readable(self) -> None:
+        """The LISTEN connection has notifications: a pass for them (coalesced)."""
+        if self.listener is None:
+            return
+        try:
+            got = list(self.listener.notifies(timeout=0, stop_after=256))
+        except psycopg.Error as exc:
+            self.failed(exc)
+            return
+        if any(n.channel in (CHANNEL_QUEUE, CHANNEL_JOB) for n in got):
+            self.request_pass()
+        for n in got:
+            if n.channel == CHANNEL_JOB and n.payload.isdigit() \
+                    and self.agent.cluster_requests is not None:
+                self.agent.cluster_requests.job_changed(int(n.payload))
+
+    def close_listener(self) -> None:
         if self.fd is not None:
             self.agent.extra_fds.pop(self.fd, None)
             try:
@@ -205,77 +336,19 @@ class ClusterNode:
             except KeyError:
                 pass
             self.fd = None
-        if self.conn is not None:
+        if self.listener is not None:
             try:
-                self.conn.close()
+                self.listener.close()
             except psycopg.Error:
                 pass
-            self.conn = None
+            self.listener = None
+
+    def disconnect(self) -> None:
+        """Forget the connection: the next pass joins anew (the worker closed its own)."""
+        self.close_listener()
+        self.joined = False
         self.state = "offline"
         self.healthy_since = None
-
-    def join(self) -> None:
-        """Connect, listen, register, reconcile both ways, deliver the outbox, then take work."""
-        conn = shared_db.open_checked(self.cfg.dsn, application=f"tether-agent {self.info.name}")
-        self.conn = conn
-        self.fd = conn.fileno()
-        self.agent.poller.register(self.fd, zmq.POLLIN)
-        self.agent.extra_fds[self.fd] = self.readable
-        shared_db.listen(conn, CHANNEL_QUEUE, CHANNEL_JOB)
-        self.timeout = shared_db.heartbeat_timeout(conn)
-        was = cluster_db.register(conn, self.info)  # "new", "down" or "up"
-        self.refused = ""
-        if self.warned:
-            log.info("cluster database reachable again")
-            self.warned = False
-        self.state = "up" if was == "up" else "down"
-        self.healthy_since = self.last_beat = time.monotonic()
-        sent = lease.now()  # the registration stamped the heartbeat no earlier than this
-        self.reconcile()
-        self.flush()
-        if was != "up":
-            cluster_db.mark_up(conn, self.info)
-            self.state = "up"
-        self.renew(sent)  # after the reconcile: a stale run is stopped, not given more time
-        if was == "down":
-            log.info("node %s rejoined the cluster after reconciling", self.info.name)
-        else:
-            log.info("node %s joined the cluster%s (heartbeat %gs, timeout %gs)", self.info.name,
-                     " as a login node" if self.info.login else "", self.cfg.heartbeat,
-                     self.timeout)
-        self.claim()
-
-    def beat(self) -> None:
-        assert self.conn is not None
-        now = time.monotonic()
-        if now - self.last_beat > self.timeout:
-            # We were stopped or starved for longer than the timeout: others may have declared
-            # us down, and we cannot judge their heartbeats until we have beaten on time again.
-            self.healthy_since = now
-        sent = lease.now()
-        state = cluster_db.heartbeat(self.conn, self.info)
-        self.last_beat = now
-        if state == "taken":
-            log.error("node %s was registered by another agent: this one leaves the cluster",
-                      self.info.name)
-            self.disconnect()
-            return
-        if state == "down":
-            log.warning("node %s was declared down while this agent was away: reconciling "
-                        "before taking any work", self.info.name)
-            self.disconnect()
-            self.join()
-            return
-        self.state = state
-        self.renew(sent)
-        assert self.healthy_since is not None
-        if now - self.healthy_since > self.timeout:
-            for done in cluster_db.reap(self.conn):
-                log.warning("%s: requeued jobs %s, failed jobs %s", done["reason"],
-                            done["requeued"], done["failed"])
-        self.reconcile()
-        self.flush()
-        self.claim()
 
     def renew(self, sent: float) -> None:
         """The node is in the cluster as of ``sent``: its steps' lease goes on."""
@@ -290,16 +363,29 @@ class ClusterNode:
             return None
         return {"lease": self.agent.layout.cluster_lease, "after": self.timeout}
 
-    # ---- reconciling -----------------------------------------------------------------------
+    # ---- applying a pass -------------------------------------------------------------------
 
-    def reconcile(self) -> None:
-        """Compare what runs here with what the cluster says runs here, both ways."""
-        assert self.conn is not None
+    def delivered(self, out: Outcome) -> None:
+        """Results the database recorded or refused: marked so, after its commit (a crash
+        before reports again, and the repeat is refused: the job is no longer active)."""
         db = self.agent.db
-        current = {(r["id"], r["attempt"]): r for r in cluster_db.my_jobs(self.conn,
-                                                                           self.info.name)}
+        for local, cj, attempt, refused, state in out.reported:
+            cluster_local.set_status(db.conn, local, "reported" if refused is None
+                                     else "refused")
+            if refused is None:
+                log.info("cluster job %d attempt %d: result delivered (%s)", cj, attempt, state)
+            else:
+                log.warning("cluster job %d attempt %d: result refused and dropped: %s", cj,
+                            attempt, refused)
+        for cj, _, why in out.requeued:
+            log.warning("cluster job %d: %s", cj, why)
+
+    def reconcile(self, out: Outcome) -> None:
+        """Stop every local run the database no longer gives this node, and those whose cancel
+        was asked (the runs recorded when the pass began: claims come after)."""
+        db = self.agent.db
         for run, _ in cluster_local.open_runs(db.conn):
-            row = current.get((run.cluster_job, run.attempt))
+            row = out.current.get((run.cluster_job, run.attempt))
             job = db.get(run.local_job)
             if job is None or job.final:
                 continue  # the outbox reports it (or has it refused)
@@ -309,15 +395,6 @@ class ClusterNode:
                                 discard=True)
             elif row["cancel_requested"]:
                 self.stop_local(run, "cancelled", discard=False)
-            elif job.state == "running" and row["state"] == "starting":
-                self.report_running(run, job)
-        for cj, attempt in current:
-            found = cluster_local.find(db.conn, cj, attempt)
-            if found is None or found.status == "discarded":
-                why = (f"node {self.info.name} never started attempt {attempt} (its claim was "
-                       "not recorded locally); queued again")
-                if cluster_db.requeue_unknown(self.conn, cj, attempt, why):
-                    log.warning("cluster job %d: %s", cj, why)
 
     def stop_local(self, run: cluster_local.Run, why: str, *, discard: bool) -> None:
         db = self.agent.db
@@ -337,72 +414,20 @@ class ClusterNode:
         job = db.change(job, cancel_requested=True)  # durable before anything is sent
         self.agent.cancel(job)  # as `tether cancel` does: the job's machine stops it
 
-    def report_running(self, run: cluster_local.Run, job: Job) -> None:
-        assert self.conn is not None
-        cluster_db.set_running(self.conn, run.cluster_job, run.attempt, run.local_job, {
-            "started_at": job.started_at, "cpus": job.cpus, "gpus": job.gpus, "pids": job.pids,
-            "supervisor_pid": job.supervisor_pid})
-
-    def flush(self) -> None:
-        """Deliver the outbox: every final local result of an open attempt, exactly once."""
-        if self.conn is None:
+    def record_claims(self, rows: list[dict[str, Any]]) -> None:
+        """The claims are the cluster's already; recorded here in one local transaction."""
+        if not rows:
             return
         db = self.agent.db
-        for run, state in cluster_local.open_runs(db.conn):
-            job = db.get(run.local_job)
-            if job is None or state not in FINAL:
-                continue
-            result: dict[str, Any] = {
-                "state": job.state, "exit_code": job.exit_code, "signal": job.signal,
-                "reason": job.reason, "started_at": job.started_at, "ended_at": job.ended_at,
-                "pids": job.pids, "supervisor_pid": job.supervisor_pid, "cpus": job.cpus,
-                "gpus": job.gpus, "local_job": job.id,
-                # the node's loss, not the job's failure: requeued or node_fail (lease.py)
-                "fenced": job.state == "failed" and (job.reason or "").startswith(
-                    lease.FENCED)}
-            refused = cluster_db.report(self.conn, run.cluster_job, run.attempt, result)
-            # After the cluster's commit: a crash before this line reports again, and the
-            # cluster refuses the repeat because the job is no longer active.
-            cluster_local.set_status(db.conn, run.local_job,
-                                     "reported" if refused is None else "refused")
-            if refused is None:
-                log.info("cluster job %d attempt %d: result delivered (%s)", run.cluster_job,
-                         run.attempt, job.state)
-            else:
-                log.warning("cluster job %d attempt %d: result refused and dropped: %s",
-                            run.cluster_job, run.attempt, refused)
-
-    # ---- taking work -----------------------------------------------------------------------
-
-    def claim(self) -> None:
-        if self.conn is None or self.state not in ("up", "draining") or self.agent.stopping \
-                or self.info.login:
-            return
-        ledger = self.agent.ledger
-        db = self.agent.db
-        free = [len(ledger.free_cpus), len(ledger.free_gpus), ledger.free_memory]
-        for job in db.in_states("pending"):  # local work not yet allocated
-            need = demand({"cpus_per_task": job.cpus_per_task, "ntasks": job.ntasks,
-                           "gpus_req": job.gpus_req, "memory_mb": job.memory_mb})
-            free = [f - n for f, n in zip(free, need, strict=True)]
-        if min(free) < 0 or free[0] == 0:
-            return
-        rows = cluster_db.claim(self.conn, self.info, (free[0], free[1], free[2]))
-        if rows is None:
-            log.warning("node %s is not up in the cluster: rejoining", self.info.name)
-            self.disconnect()
-            self.join()
-            return
-        # The claims are the cluster's now; recorded here in one local transaction. A crash
-        # before it commits leaves claims with no local job: reconcile queues them again.
         taken: list[tuple[dict[str, Any], int]] = []
-        bad: list[tuple[dict[str, Any], str]] = []
         db.begin()
         try:
             for row in rows:
                 why = cluster_local.invalid(row)
-                if why is not None:
-                    bad.append((row, why))
+                if why is not None:  # the database let it through; this node cannot run it
+                    log.warning("cluster job %s attempt %s cannot run: %s", row.get("id"),
+                                row.get("attempt"), why)
+                    self.failures.append((int(row["id"]), int(row["attempt"]), why))
                     continue
                 taken.append((row, cluster_local.record(db.conn, row, int(row["attempt"]))))
             db.commit()
@@ -412,11 +437,18 @@ class ClusterNode:
         for row, local in taken:
             log.info("claimed cluster job %d attempt %d as local job %d", row["id"],
                      row["attempt"], local)
-        for row, why in bad:  # the database let it through; this node cannot run it
-            log.warning("cluster job %d attempt %d cannot run: %s", row["id"], row["attempt"],
-                        why)
-            cluster_db.report(self.conn, int(row["id"]), int(row["attempt"]), {
-                "state": "failed", "reason": f"cannot run: {why}", "exit_code": None,
-                "signal": None, "ended_at": rfc3339_now()})
         if taken:
             self.agent.schedule_due = True
+        if self.failures:
+            self.again = True
+
+
+def result_of(job: Job) -> dict[str, Any]:
+    """A final local job's result, as the cluster records it."""
+    return {
+        "state": job.state, "exit_code": job.exit_code, "signal": job.signal,
+        "reason": job.reason, "started_at": job.started_at, "ended_at": job.ended_at,
+        "pids": job.pids, "supervisor_pid": job.supervisor_pid, "cpus": job.cpus,
+        "gpus": job.gpus, "local_job": job.id,
+        # the node's loss, not the job's failure: requeued or node_fail (lease.py)
+        "fenced": job.state == "failed" and (job.reason or "").startswith(lease.FENCED)}

@@ -252,3 +252,27 @@ def test_agents_racing_for_jobs_run_each_once(cluster: Cluster) -> None:
         assert sorted(f.read().split()) == sorted(str(i) for i in range(20))
     local = [len(cluster.local_jobs(n)) for n in ("n0", "n1")]
     assert sum(local) == 20
+
+
+def test_the_agent_answers_while_the_database_does_not(cluster: Cluster) -> None:
+    """The loop never waits on PostgreSQL: with the server process behind n0's passes stopped
+    (a database that takes a statement and never answers), its door still answers."""
+    n0, _ = cluster.agents("n0", "n1")
+    rows = cluster.sql("SELECT pid FROM pg_stat_activity WHERE application_name = "
+                       "'tether-agent n0'")
+    assert len(rows) == 1, rows
+    backend = int(rows[0]["pid"])
+    os.kill(backend, signal.SIGSTOP)
+    try:
+        def stuck() -> bool:  # no pass completes: the lease is no longer renewed
+            return time.time() - os.stat(n0.layout.cluster_lease).st_mtime > 1.0
+        poll_until(stuck, 15, "n0's passes to hang on the stopped server")
+        res = cluster.cli("status", "--json", node="n0", timeout=30)
+        assert res.returncode == 0 and json.loads(res.stdout)["node"] == "n0", res.stderr
+        job = cluster.submit("true", node="n0")  # its users' requests have their own worker
+        assert cluster.wait_job(job, lambda j: j["state"] == "completed", "run on n1")["node"] \
+            == "n1"
+    finally:
+        os.kill(backend, signal.SIGCONT)
+    poll_until(lambda: time.time() - os.stat(n0.layout.cluster_lease).st_mtime < 1.0, 30,
+               "n0's passes to go on")
