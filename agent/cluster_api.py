@@ -163,8 +163,8 @@ class ClusterRequests:
         dropped = uncarried(args)
         if dropped:
             raise BadRequest(f"{', '.join(dropped)} not supported for cluster jobs yet")
-        requeue = args.get("requeue", True)
-        if not isinstance(requeue, bool):
+        requeue = args.get("requeue")  # None: the cluster's default (cluster init)
+        if requeue is not None and not isinstance(requeue, bool):
             raise BadRequest("argument 'requeue' must be true or false")
         workdir = sub["workdir"]
         values = {"x": sub["name"], "A": "%j", "a": "0", "N": self.agent.cfg.node}

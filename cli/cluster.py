@@ -121,14 +121,16 @@ def cmd_init(conn: Any, ns: argparse.Namespace) -> int:
     from tether.shared import cluster_db
 
     root = None if ns.root_jobs is None else ns.root_jobs == "allow"
-    res = cluster_db.init(conn, ns.heartbeat_timeout, root, ns.fence_margin)
+    requeue = None if ns.requeue is None else ns.requeue == "yes"
+    res = cluster_db.init(conn, ns.heartbeat_timeout, root, ns.fence_margin, requeue)
     if ns.json:
         print(json.dumps(res))
     else:
         print(f"cluster schema version {res['schema_version']} ready (heartbeat timeout "
               f"{res['heartbeat_timeout']:g}s, fence margin {res['fence_margin']:g}s, root jobs "
-              f"{'allowed' if res['allow_root_jobs'] else 'denied'}, node group "
-              f"{res['node_group']})")
+              f"{'allowed' if res['allow_root_jobs'] else 'denied'}, jobs of a lost node "
+              f"{'requeued' if res['requeue'] else 'ended node_fail'} unless they say, node "
+              f"group {res['node_group']})")
     return 0
 
 
@@ -173,8 +175,24 @@ def write_secret(path: str, text: str) -> None:
         raise CliError(f"cluster add-node: cannot write {path}: {exc.strerror}") from None
 
 
+def cmd_node_down(conn: Any, ns: argparse.Namespace) -> int:
+    from tether.shared import cluster_db
+
+    if not ns.confirm_dead:
+        raise CliError(f"cluster node-down: its jobs would run elsewhere at once, twice if node "
+                       f"{ns.name} still runs them: say --confirm-dead once it is known to be "
+                       "off", EXIT_USAGE)
+    res = cluster_db.confirm_dead(conn, ns.name)
+    if ns.json:
+        print(json.dumps(res))
+    else:
+        print(f"node {res['node']} is down; requeued jobs {res['requeued']}, ended jobs "
+              f"{res['ended']}")
+    return 0
+
+
 ADMIN: dict[str, Callable[[Any, argparse.Namespace], int]] = {
-    "init": cmd_init, "add-node": cmd_add_node,
+    "init": cmd_init, "add-node": cmd_add_node, "node-down": cmd_node_down,
 }
 
 

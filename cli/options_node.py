@@ -166,6 +166,11 @@ def add_cluster(sub: Any) -> None:
                       help="how long after a lost node's steps fenced themselves (at the "
                       "heartbeat timeout) its jobs may run elsewhere (default 5; a re-init "
                       "without it keeps the current value)")
+    init.add_argument("--requeue", choices=["yes", "no"],
+                      help="the site's default for a job whose node is lost: run it again "
+                      "(yes, Slurm's JobRequeue=1) or end it node_fail (no); submit "
+                      "--no-requeue overrides it (default yes; a re-init without it keeps the "
+                      "current value)")
     init.add_argument("--root-jobs", choices=["allow", "deny"],
                       help="may root's jobs run from the cluster (Slurm's DisableRootJobs; "
                       "default deny; a re-init without it keeps the current value)")
@@ -185,6 +190,18 @@ def add_cluster(sub: Any) -> None:
                      help="write the connection string to FILE (created mode 0600) instead of "
                      "printing it")
     add_json(add, "the node, role and connection string")
+    down = csub.add_parser("node-down", prog="tether cluster node-down",
+                           help="a node known to be off: run its jobs elsewhere now",
+                           description="Declare node NAME down at once, as an administrator "
+                           "who knows it is off (powered down, fenced by other means): its jobs "
+                           "are requeued (or end node_fail) without waiting for the heartbeat "
+                           "timeout. If it is in fact running, its jobs may run twice: hence "
+                           "--confirm-dead.")
+    down.add_argument("name", metavar="NAME", help="the node")
+    down.add_argument("--confirm-dead", action="store_true",
+                      help="required: the node and every process of its jobs are gone")
+    down.add_argument("--cluster-file", metavar="FILE", help=ADMIN_DSN_HELP)
+    add_json(down, "what was done: the node, jobs requeued, jobs ended")
 
 
 def add_nodes(sub: Any) -> None:

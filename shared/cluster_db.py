@@ -121,7 +121,7 @@ def heartbeat_timeout(conn: Conn) -> float:
 
 
 def init(conn: Conn, timeout: float | None, root_jobs: bool | None = None,
-         fence_margin: float | None = None) -> dict[str, Any]:
+         fence_margin: float | None = None, requeue: bool | None = None) -> dict[str, Any]:
     """Create or upgrade the schema, its functions and privileges (idempotent); set the
     settings given. Run by the administrator: the role that owns the tables."""
     with conn.transaction():
@@ -152,6 +152,8 @@ def init(conn: Conn, timeout: float | None, root_jobs: bool | None = None,
         set_meta(conn, "fence_margin",
                  repr(float(fence_margin if fence_margin is not None else
                             DEFAULT_FENCE_MARGIN)), replace=fence_margin is not None)
+        set_meta(conn, "requeue", "false" if requeue is False else "true",
+                 replace=requeue is not None)
         group = node_group(conn)
         set_meta(conn, "node_group", group, replace=False)
         conn.execute(sql.SQL("DO $$ BEGIN IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = "
@@ -165,7 +167,8 @@ def init(conn: Conn, timeout: float | None, root_jobs: bool | None = None,
         meta = {r["key"]: r["value"] for r in conn.execute("SELECT * FROM tether_meta")}
     return {"schema_version": SCHEMA_VERSION, "previous_version": found or None,
             "heartbeat_timeout": hb, "fence_margin": float(meta["fence_margin"]),
-            "node_group": group, "allow_root_jobs": meta["allow_root_jobs"] == "true"}
+            "node_group": group, "allow_root_jobs": meta["allow_root_jobs"] == "true",
+            "requeue": meta["requeue"] == "true"}
 
 
 def set_meta(conn: Conn, key: str, value: str, replace: bool = True) -> None:
@@ -235,6 +238,29 @@ def add_node(conn: Conn, name: str, role: str | None = None,
     dsn = make_conninfo(host=host or info.host, port=str(info.port), dbname=info.dbname,
                         user=role, password=password)
     return {"node": name, "role": role, "dsn": dsn}
+
+
+def confirm_dead(conn: Conn, node: str) -> dict[str, Any]:
+    """The administrator knows ``node`` is off: it goes down now and its active jobs are
+    requeued (or end node_fail, or cancelled), as ``tether_reap`` would after the timeout."""
+    why = f"node {node} was confirmed dead by the administrator"
+    requeued: list[int] = []
+    ended: list[int] = []
+    with conn.transaction():
+        row = conn.execute("SELECT state FROM tether_nodes WHERE name = %s FOR UPDATE",
+                           (node,)).fetchone()
+        if row is None:
+            raise NotFound(f"no node {node!r} in the cluster")
+        conn.execute("UPDATE tether_nodes SET state = 'down', reason = %s WHERE name = %s",
+                     (why, node))
+        jobs = conn.execute("SELECT id, attempt FROM tether_jobs WHERE node = %s AND state = "
+                            "ANY(%s) ORDER BY id FOR UPDATE", (node, list(ACTIVE))).fetchall()
+        for j in jobs:
+            lost = conn.execute("SELECT v_state FROM tether_lose(%s, %s, %s)",
+                                (j["id"], j["attempt"], why)).fetchone()
+            assert lost is not None
+            (requeued if lost["v_state"] == "pending" else ended).append(int(j["id"]))
+    return {"node": node, "requeued": requeued, "ended": ended, "reason": why}
 
 
 # ---- jobs -----------------------------------------------------------------------------------

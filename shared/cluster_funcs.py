@@ -427,7 +427,8 @@ BEGIN
           coalesce(p->>'output', ''), coalesce(p->>'error', ''), p->>'workdir', p->'env',
           tether_now_text(), coalesce(p->>'pmi', 'none'), p->>'username',
           (p->>'uid')::integer, (p->>'gid')::integer, coalesce(p->'groups', '[]'),
-          coalesce((p->>'requeue')::boolean, true), coalesce((p->>'held')::boolean, false), me,
+          coalesce((p->>'requeue')::boolean, tether_setting('requeue', 'true')::boolean),
+          coalesce((p->>'held')::boolean, false), me,
           coalesce((p->>'umask')::integer, 18))
   RETURNING * INTO j;
   v_id := j.id;

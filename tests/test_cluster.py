@@ -276,3 +276,30 @@ def test_the_agent_answers_while_the_database_does_not(cluster: Cluster) -> None
         os.kill(backend, signal.SIGCONT)
     poll_until(lambda: time.time() - os.stat(n0.layout.cluster_lease).st_mtime < 1.0, 30,
                "n0's passes to go on")
+
+
+def test_a_node_confirmed_dead_has_its_jobs_run_elsewhere_at_once(cluster: Cluster) -> None:
+    """The administrator knows the node is off: no waiting for the timeout. The site's
+    default (--requeue no) ends a lost node's jobs node_fail unless they were given --requeue
+    ... or, here, requeues what the default lets it."""
+    n0, _ = cluster.agents("n0", "n1")
+    cluster.ok("drain", "n1")
+    again = cluster.put("sh", "-c", "test -e marker && exit 0; touch marker; exec sleep 60")
+    cluster.admin("init", "--requeue", "no")  # the site's default from now on
+    once = cluster.submit("sleep", "60")
+    rows = [cluster.wait_job(i, lambda j: j["state"] == "running" and j["pids"], "running")
+            for i in (again, once)]
+    assert cluster.job(again)["requeue"] and not cluster.job(once)["requeue"]
+    cluster.ok("resume", "n1")
+    res = cluster.admin("node-down", "n0", check=False)
+    assert res.returncode == 2 and "--confirm-dead" in res.stderr
+    n0.cleanup()  # the node, and every process of its jobs, gone
+    assert not any(pid_alive(p) for r in rows for p in r["pids"])
+    out = json.loads(cluster.admin("node-down", "n0", "--confirm-dead", "--json").stdout)
+    assert (out["requeued"], out["ended"]) == ([again], [once])
+    done = cluster.wait_job(again, lambda j: j["state"] == "completed", "run on n1")
+    assert (done["attempt"], done["node"]) == (2, "n1")
+    assert "confirmed dead by the administrator" in cluster.attempts(again)[0]["reason"]
+    assert cluster.job(once)["state"] == "node_fail"
+    assert cluster.node("n0")["state"] == "down"
+    assert cluster.admin("node-down", "ghost", "--confirm-dead", check=False).returncode == 1
