@@ -429,7 +429,8 @@ class ClusterNode:
                                 row.get("attempt"), why)
                     self.failures.append((int(row["id"]), int(row["attempt"]), why))
                     continue
-                taken.append((row, cluster_local.record(db.conn, row, int(row["attempt"]))))
+                taken.append((row, cluster_local.record(db.conn, row, int(row["attempt"]),
+                                                        self.info.name)))
             db.commit()
         except BaseException:
             db.rollback()

@@ -31,7 +31,7 @@ from tether.agent import users
 from tether.agent.api import PENDING
 from tether.agent.offload import Offload
 from tether.agent.request_args import owner_or_root, submitter
-from tether.shared import cluster_db, outpattern, protocol
+from tether.shared import cluster_db, jobopts, outpattern, protocol
 from tether.shared.cluster_sql import FINAL
 from tether.shared.door_conn import Conn
 from tether.shared.errors import (
@@ -56,9 +56,13 @@ LIST_PAGE_BYTES = 256 * 1024
 MAX_HOLD = 600.0
 #: what a cluster job carries of a submission
 CARRIED = frozenset({"command", "name", "cpus", "gpus", "memory_mb", "ntasks", "output", "error",
-                     "workdir", "env", "pmi", "user", "umask", "hold", "requeue"})
+                     "workdir", "env", "pmi", "user", "umask", "hold", "requeue", "time_limit",
+                     "dependency", "array", "begin"})
 #: submission arguments a cluster job does not carry yet: refused, never silently dropped
-NOT_YET = ("time_limit", "dependency", "array", "begin")
+NOT_YET: tuple[str, ...] = ()
+#: the default output names of a cluster job (its id is the cluster's: no node needed)
+DEFAULT_OUTPUT = "tether-%j.out"
+DEFAULT_ARRAY_OUTPUT = "tether-%A_%a.out"
 
 
 def uncarried(args: Any) -> list[str]:
@@ -167,27 +171,35 @@ class ClusterRequests:
         if requeue is not None and not isinstance(requeue, bool):
             raise BadRequest("argument 'requeue' must be true or false")
         workdir = sub["workdir"]
-        values = {"x": sub["name"], "A": "%j", "a": "0", "N": self.agent.cfg.node}
+        sched = scheduling(args)
+        array = sched.get("array")
+        output = sub["output"] or os.path.join(workdir, DEFAULT_ARRAY_OUTPUT if array
+                                               else DEFAULT_OUTPUT)
+        error = sub["error"] or output
 
         def call(conn: cluster_db.Conn) -> Any:
             user = submitter(peer, sub["user"])  # NSS may be slow: here, not on the loop
-            paths = {}
-            for key in ("output", "error"):
-                if sub[key]:
-                    values["u"] = user.name
-                    paths[key] = outpattern.for_job(sub[key], dict(values, j="%j"))
+            # %j, %A and %a once the ids are given; %N when a node claims it
+            values = {"x": sub["name"], "u": user.name}
+            probe = [outpattern.for_job(p, dict(values, j="0", A="0", a="0"))
+                     for p in (output, error)]
             if user.uid == os.geteuid():
-                users.check_own_access(workdir, list(paths.values()))
+                users.check_own_access(workdir, probe)
             else:
-                users.check_access(user, workdir, list(paths.values()))
+                users.check_access(user, workdir, probe)
             fields = {"name": sub["name"], "command": sub["command"],
                       "cpus_per_task": sub["cpus"], "ntasks": sub["ntasks"],
                       "gpus_req": sub["gpus"], "memory_mb": sub["memory_mb"],
                       "workdir": workdir, "env": sub["env"], "pmi": sub["pmi"],
                       "username": user.name, "uid": user.uid, "gid": user.gid,
                       "groups": list(user.groups), "requeue": requeue,
-                      "held": sub["hold"], "umask": sub["umask"], **paths}
-            return cluster_db.submit(conn, fields)
+                      "held": sub["hold"], "umask": sub["umask"], "output": output,
+                      "error": error, **sched}
+
+            def expand(job: int, index: int | None, first: int | None) -> tuple[str, str]:
+                v = dict(values, j=str(job), A=str(first or job), a=str(index or 0))
+                return outpattern.for_job(output, v), outpattern.for_job(error, v)
+            return cluster_db.submit(conn, fields, expand)
         return self.run(peer, req.id, call)
 
     def list_jobs(self, peer: Conn, req: protocol.Request) -> Any:
@@ -316,6 +328,31 @@ class ClusterRequests:
             raise StateError(f"job {job} runs on node {at['node']} (host {at['host']}): run "
                              f"`tether {req.kind}` there")
         return self.run(peer, req.id, lambda c: cluster_db.where(c, job), elsewhere)
+
+
+def scheduling(args: Any) -> dict[str, Any]:
+    """A cluster submission's scheduling facts, checked: time limit, begin, dependency (as
+    (kind, job, index) for the database to resolve) and array (indices, throttle)."""
+    out: dict[str, Any] = {}
+    if args.get("time_limit") is not None:
+        out["time_limit"] = arg_number(args, "time_limit", default=0.0, minimum=0.001,
+                                       maximum=jobopts.MAX_TIME)
+    if args.get("begin") is not None:
+        out["begin_at"] = arg_number(args, "begin", default=0.0, maximum=1e11)
+    text = protocol.arg_str(args, "dependency", optional=True, max_len=16384)
+    if text:
+        try:
+            out["dependency"] = [list(d) for d in jobopts.parse_dependency(text)]
+        except ValueError as exc:
+            raise BadRequest(str(exc)) from None
+    text = protocol.arg_str(args, "array", optional=True, max_len=4096)
+    if text:
+        try:
+            indices, most = jobopts.parse_array(text)
+        except ValueError as exc:
+            raise BadRequest(str(exc)) from None
+        out["array"] = {"indices": indices, "max": most}
+    return out
 
 
 class _Owner:

@@ -22,6 +22,7 @@ import sqlite3
 from dataclasses import dataclass
 from typing import Any
 
+from tether.shared import outpattern
 from tether.shared.timers import rfc3339_now
 
 _TABLE = """
@@ -51,18 +52,23 @@ def _run(row: Any) -> Run:
     return Run(int(row[0]), int(row[1]), int(row[2]), str(row[3]))
 
 
-def record(conn: sqlite3.Connection, row: dict[str, Any], attempt: int) -> int:
+def record(conn: sqlite3.Connection, row: dict[str, Any], attempt: int, node_name: str) -> int:
     """Insert the local job for a claimed cluster row and link it; the caller's transaction.
 
     The tasks' own TETHER_JOB_ID and TETHER_ATTEMPT are this node's; the cluster's are added."""
     env = dict(row["env"], TETHER_CLUSTER_JOB_ID=str(row["id"]),
                TETHER_CLUSTER_ATTEMPT=str(attempt))
+    if row.get("array_id") is not None:  # the array's cluster id, as a node's own arrays say it
+        env.update(TETHER_ARRAY_JOB_ID=str(row["array_id"]),
+                   TETHER_ARRAY_TASK_ID=str(row["array_index"]))
+    node = {"N": node_name}  # the one token only the claiming node knows
+    output, error = outpattern.for_job(row["output"], node), outpattern.for_job(row["error"], node)
     cur = conn.execute(
         "INSERT INTO jobs (name, command, state, cpus_per_task, ntasks, gpus_req, memory_mb, "
         "output, error, workdir, env, submitted_at, pmi, user, uid, gid) VALUES "
         "(?, ?, 'pending', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         (row["name"], json.dumps(row["command"]), row["cpus_per_task"], row["ntasks"],
-         row["gpus_req"], row["memory_mb"], row["output"], row["error"], row["workdir"],
+         row["gpus_req"], row["memory_mb"], output, error, row["workdir"],
          json.dumps(env), row["submitted_at"] or rfc3339_now(), row["pmi"],
          row["username"], row["uid"], row["gid"]))
     local = cur.lastrowid
@@ -70,6 +76,9 @@ def record(conn: sqlite3.Connection, row: dict[str, Any], attempt: int) -> int:
     # the submitter's umask: its output files' and its tasks' (as on one node)
     conn.execute("INSERT OR REPLACE INTO job_umask (id, umask) VALUES (?, ?)",
                  (local, int(row.get("umask", 0o022))))
+    if row.get("time_limit") is not None:  # enforced by its supervisor, as on one node
+        conn.execute("INSERT INTO job_sched (id, time_limit) VALUES (?, ?)",
+                     (local, float(row["time_limit"])))
     conn.execute("INSERT INTO cluster_runs (local_job, cluster_job, attempt) VALUES (?, ?, ?)",
                  (local, row["id"], attempt))
     return int(local)

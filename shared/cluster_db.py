@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import re
 import secrets
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -292,11 +293,21 @@ class NodeNotUp(ClusterError):
     code = "not_up"
 
 
-def submit(conn: Conn, fields: dict[str, Any]) -> dict[str, Any]:
-    """Queue one job for the user this node authenticated (``fields``: the job's columns,
-    ``output``/``error`` may hold ``%j``)."""
-    job_id = call(conn, "SELECT tether_submit(%s)", (Jsonb(fields),))
-    return get_job(conn, int(job_id))
+def submit(conn: Conn, fields: dict[str, Any],
+           expand: Callable[[int, int | None, int | None], tuple[str, str]]) -> dict[str, Any]:
+    """Queue a job (an array: one row per index) for the user this node authenticated:
+    ``fields`` are its columns, with ``array`` {indices, max} and ``dependency`` as
+    tether_submit takes them. ``expand(id, index, array id)`` gives each row's output and
+    error names, written in the same transaction (no node ever claims a row without them).
+    Returns the first row's job object."""
+    indices = (fields.get("array") or {}).get("indices") or [None]
+    with conn.transaction():
+        ids = [int(i) for i in call(conn, "SELECT tether_submit(%s)", (Jsonb(fields),))]
+        first = ids[0] if fields.get("array") else None
+        names = [[job, *expand(job, index, first)] for job, index in zip(ids, indices,
+                                                                          strict=True)]
+        call(conn, "SELECT tether_set_outputs(%s)", (Jsonb(names),))
+    return get_job(conn, ids[0])
 
 
 def cancel(conn: Conn, job_id: int, uid: int) -> dict[str, Any]:

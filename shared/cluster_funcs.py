@@ -45,6 +45,7 @@ NODE_FUNCTIONS = (
     ("tether_report", "bigint, integer, jsonb"),
     ("tether_requeue_unknown", "bigint, integer, text"),
     ("tether_submit", "jsonb"),
+    ("tether_set_outputs", "jsonb"),
     ("tether_cancel", "bigint, integer"),
     ("tether_hold", "bigint, integer, boolean"),
     ("tether_set_drain", "text, boolean, integer"),
@@ -56,6 +57,7 @@ INTERNAL_FUNCTIONS = (
     ("tether_now_text", ""),
     ("tether_invalid", "tether_jobs"),
     ("tether_lose", "bigint, integer, text"),
+    ("tether_deps", "jsonb"),
 )
 
 _DEF = "LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, {schema}, pg_temp"
@@ -123,6 +125,10 @@ BEGIN
   END IF;
   IF j.umask IS NULL OR j.umask < 0 OR j.umask > 511 THEN
     RETURN 'umask must be 0 to 0777';
+  END IF;
+  IF (j.time_limit IS NOT NULL AND NOT j.time_limit > 0) OR jsonb_typeof(j.dependency)
+     IS DISTINCT FROM 'array' OR (j.array_max IS NOT NULL AND j.array_max < 1) THEN
+    RETURN 'time_limit must be positive, dependency a list, array_max at least 1';
   END IF;
   RETURN NULL;
 END $$;
@@ -283,7 +289,7 @@ DECLARE
   bad text;
   root_ok boolean := tether_setting('allow_root_jobs', 'false') = 'true';
   left_c bigint := p_cpus; left_g bigint := p_gpus; left_m bigint := p_memory_mb;
-  need bigint; att integer;
+  need bigint; att integer; deps text;
 BEGIN
   SELECT state, drain, session, login, cpus, gpus, memory_mb INTO nd
     FROM tether_nodes WHERE name = me FOR SHARE;
@@ -295,7 +301,7 @@ BEGIN
     RETURN;
   END IF;
   FOR j IN SELECT * FROM tether_jobs WHERE state = 'pending' AND NOT held ORDER BY id
-           LIMIT 64 FOR UPDATE SKIP LOCKED LOOP
+           LIMIT 256 FOR UPDATE SKIP LOCKED LOOP
     bad := tether_invalid(j);
     IF bad IS NULL AND j.uid = 0 AND NOT root_ok THEN
       bad := 'root jobs are disabled in this cluster (tether cluster init --root-jobs allow)';
@@ -305,6 +311,30 @@ BEGIN
              ended_at = tether_now_text() WHERE id = j.id;
       PERFORM pg_notify('tether_job', j.id::text);
       CONTINUE;
+    END IF;
+    IF j.begin_at IS NOT NULL AND j.begin_at > extract(epoch FROM clock_timestamp()) THEN
+      CONTINUE;  -- not yet (BeginTime); it does not hold up the jobs behind it
+    END IF;
+    IF jsonb_array_length(j.dependency) > 0 THEN
+      deps := tether_deps(j.dependency);
+      IF deps = 'waiting' THEN
+        CONTINUE;
+      ELSIF deps <> 'satisfied' THEN
+        UPDATE tether_jobs SET state = 'cancelled', reason = 'DependencyNeverSatisfied: '
+               || deps, ended_at = tether_now_text() WHERE id = j.id;
+        PERFORM pg_notify('tether_job', j.id::text);
+        PERFORM pg_notify('tether_queue', '');
+        CONTINUE;
+      END IF;
+    END IF;
+    IF j.array_max IS NOT NULL THEN
+      -- the array's throttle (%MAX): nodes claiming at once count one after the other (each
+      -- sees the other's claims only once committed: the lock lasts to this transaction's end)
+      PERFORM pg_advisory_xact_lock(1952805992, (j.array_id % 2147483647)::integer);
+      IF (SELECT count(*) FROM tether_jobs WHERE array_id = j.array_id
+          AND state IN ('starting', 'running')) >= j.array_max THEN
+        CONTINUE;
+      END IF;
     END IF;
     need := j.cpus_per_task::bigint * j.ntasks;
     IF need > nd.cpus OR j.gpus_req > nd.gpus OR j.memory_mb > nd.memory_mb THEN
@@ -405,45 +435,82 @@ END $$;
 
 -- ---- what people ask, through the agent that authenticated them ---------------------------
 
--- Queue one job for the user the calling node authenticated. Output and error paths may hold
--- %j (the id given here). Returns the id.
-CREATE OR REPLACE FUNCTION tether_submit(p jsonb) RETURNS bigint {definer} AS $$
+-- Queue a job for the user the calling node authenticated: one row, or one per index of an
+-- array (p->'array': {{"indices": [...], "max": N}}; the first element's id is the array's). Its
+-- dependencies (p->'dependency': [[kind, job, index or null], ...]) are resolved here to job
+-- ids, an array's id standing for all its elements. Output and error keep their tokens: the
+-- submitting agent writes them expanded (tether_set_outputs) in the same transaction. Returns
+-- the ids, in index order.
+CREATE OR REPLACE FUNCTION tether_submit(p jsonb) RETURNS bigint[] {definer} AS $$
 DECLARE
   me text := tether_me();
   j tether_jobs;
   bad text;
   need bigint;
-  v_id bigint;
+  ids bigint[] := '{{}}';
+  deps jsonb := '[]';
+  d jsonb;
+  found bigint[];
+  idx integer;
+  first bigint;
+  indices jsonb := coalesce(p->'array'->'indices', 'null');
 BEGIN
   IF (p->>'uid')::integer = 0 AND tether_setting('allow_root_jobs', 'false') <> 'true' THEN
     RAISE EXCEPTION 'root jobs are disabled in this cluster (an administrator allows them with '
       '`tether cluster init --root-jobs allow`)' USING ERRCODE = 'TT403';
   END IF;
-  INSERT INTO tether_jobs (name, command, state, cpus_per_task, ntasks, gpus_req, memory_mb,
-         output, error, workdir, env, submitted_at, pmi, username, uid, gid, groups, requeue,
-         held, submit_node, umask)
-  VALUES (p->>'name', p->'command', 'pending', (p->>'cpus_per_task')::integer,
-          (p->>'ntasks')::integer, (p->>'gpus_req')::integer, (p->>'memory_mb')::bigint,
-          coalesce(p->>'output', ''), coalesce(p->>'error', ''), p->>'workdir', p->'env',
-          tether_now_text(), coalesce(p->>'pmi', 'none'), p->>'username',
-          (p->>'uid')::integer, (p->>'gid')::integer, coalesce(p->'groups', '[]'),
-          coalesce((p->>'requeue')::boolean, tether_setting('requeue', 'true')::boolean),
-          coalesce((p->>'held')::boolean, false), me,
-          coalesce((p->>'umask')::integer, 18))
-  RETURNING * INTO j;
-  v_id := j.id;
-  UPDATE tether_jobs SET output = replace(CASE WHEN output = '' THEN workdir || '/tether-%j.out'
-                                               ELSE output END, '%j', v_id::text),
-                         error = replace(CASE WHEN error = '' THEN
-                                              CASE WHEN output = '' THEN
-                                                   workdir || '/tether-%j.out'
-                                              ELSE output END
-                                         ELSE error END, '%j', v_id::text)
-   WHERE tether_jobs.id = j.id RETURNING * INTO j;
-  bad := tether_invalid(j);
-  IF bad IS NOT NULL THEN
-    RAISE EXCEPTION '%', bad USING ERRCODE = 'TT400';
+  FOR d IN SELECT * FROM jsonb_array_elements(coalesce(p->'dependency', '[]')) LOOP
+    IF d->>2 IS NULL THEN
+      SELECT array_agg(id ORDER BY id) INTO found FROM tether_jobs
+       WHERE id = (d->>1)::bigint OR array_id = (d->>1)::bigint;
+    ELSE
+      SELECT array_agg(id) INTO found FROM tether_jobs
+       WHERE array_id = (d->>1)::bigint AND array_index = (d->>2)::integer;
+    END IF;
+    IF found IS NULL THEN
+      RAISE EXCEPTION 'dependency: no job %', d->>1 || coalesce('_' || (d->>2), '')
+        USING ERRCODE = 'TT404';
+    END IF;
+    SELECT deps || jsonb_agg(jsonb_build_array(d->>0, f)) INTO deps FROM unnest(found) f;
+  END LOOP;
+  IF jsonb_array_length(deps) > 1000 THEN
+    RAISE EXCEPTION 'dependency names more than 1000 jobs (an array counts each element)'
+      USING ERRCODE = 'TT400';
   END IF;
+  FOR idx IN SELECT CASE WHEN indices = 'null' THEN NULL ELSE e::integer END FROM
+             (SELECT jsonb_array_elements_text(CASE WHEN indices = 'null' THEN '[null]'
+                                                    ELSE indices END) e) x LOOP
+    INSERT INTO tether_jobs (name, command, state, cpus_per_task, ntasks, gpus_req, memory_mb,
+           output, error, workdir, env, submitted_at, pmi, username, uid, gid, groups, requeue,
+           held, submit_node, umask, time_limit, begin_at, dependency, array_id, array_index,
+           array_max)
+    VALUES (p->>'name', p->'command', 'pending', (p->>'cpus_per_task')::integer,
+            (p->>'ntasks')::integer, (p->>'gpus_req')::integer, (p->>'memory_mb')::bigint,
+            coalesce(p->>'output', ''), coalesce(p->>'error', ''), p->>'workdir', p->'env',
+            tether_now_text(), coalesce(p->>'pmi', 'none'), p->>'username',
+            (p->>'uid')::integer, (p->>'gid')::integer, coalesce(p->'groups', '[]'),
+            coalesce((p->>'requeue')::boolean, tether_setting('requeue', 'true')::boolean),
+            coalesce((p->>'held')::boolean, false), me,
+            coalesce((p->>'umask')::integer, 18), (p->>'time_limit')::float8,
+            (p->>'begin_at')::float8, deps, first, idx, (p->'array'->>'max')::integer)
+    RETURNING * INTO j;
+    IF idx IS NOT NULL AND first IS NULL THEN  -- the array's id is its first element's
+      first := j.id;
+      UPDATE tether_jobs SET array_id = first WHERE id = j.id RETURNING * INTO j;
+    END IF;
+    IF j.output = '' THEN
+      UPDATE tether_jobs SET output = workdir || '/tether-%j.out' WHERE id = j.id
+      RETURNING * INTO j;
+    END IF;
+    IF j.error = '' THEN
+      UPDATE tether_jobs SET error = output WHERE id = j.id RETURNING * INTO j;
+    END IF;
+    bad := tether_invalid(j);
+    IF bad IS NOT NULL THEN
+      RAISE EXCEPTION '%', bad USING ERRCODE = 'TT400';
+    END IF;
+    ids := ids || j.id;
+  END LOOP;
   need := j.cpus_per_task::bigint * j.ntasks;
   IF EXISTS (SELECT 1 FROM tether_nodes WHERE NOT login AND cpus > 0)
      AND NOT EXISTS (SELECT 1 FROM tether_nodes WHERE NOT login AND need <= cpus
@@ -452,7 +519,46 @@ BEGIN
       '% MB of memory', need, j.gpus_req, j.memory_mb USING ERRCODE = 'TT413';
   END IF;
   PERFORM pg_notify('tether_queue', '');
-  RETURN v_id;
+  RETURN ids;
+END $$;
+
+-- The expanded output and error of jobs this node just submitted (in the same transaction):
+-- p is [[id, output, error], ...].
+CREATE OR REPLACE FUNCTION tether_set_outputs(p jsonb) RETURNS void {definer} AS $$
+DECLARE me text := tether_me(); e jsonb;
+BEGIN
+  FOR e IN SELECT * FROM jsonb_array_elements(p) LOOP
+    UPDATE tether_jobs SET output = e->>1, error = e->>2
+     WHERE id = (e->>0)::bigint AND submit_node = me AND state = 'pending'
+       AND left(e->>1, 1) = '/' AND left(e->>2, 1) = '/';
+  END LOOP;
+END $$;
+
+-- Where a job's dependencies stand ([[kind, id], ...], all must hold): 'satisfied', 'waiting'
+-- or why they never will be (the single node's rules, agent/schedule.py).
+CREATE OR REPLACE FUNCTION tether_deps(deps jsonb) RETURNS text {definer} AS $$
+DECLARE d jsonb; st text; result text := 'satisfied';
+BEGIN
+  FOR d IN SELECT * FROM jsonb_array_elements(deps) LOOP
+    SELECT state INTO st FROM tether_jobs WHERE id = (d->>1)::bigint;
+    IF st IS NULL THEN
+      RETURN format('job %s is unknown', d->>1);
+    END IF;
+    IF d->>0 = 'afterok' THEN
+      IF st IN ('failed', 'cancelled', 'lost', 'timeout', 'node_fail') THEN
+        RETURN format('afterok:%s, which ended %s', d->>1, st);
+      END IF;
+      IF st <> 'completed' THEN result := 'waiting'; END IF;
+    ELSIF d->>0 = 'afternotok' THEN
+      IF st = 'completed' THEN
+        RETURN format('afternotok:%s, which completed', d->>1);
+      END IF;
+      IF st IN ('pending', 'starting', 'running') THEN result := 'waiting'; END IF;
+    ELSE  -- afterany
+      IF st IN ('pending', 'starting', 'running') THEN result := 'waiting'; END IF;
+    END IF;
+  END LOOP;
+  RETURN result;
 END $$;
 
 -- Cancel for the user the calling node authenticated (the owner or root): a queued job ends
@@ -532,7 +638,8 @@ READABLE_JOB_COLUMNS = (
     "id, name, command, state, attempt, node, local_job, exit_code, signal, reason, "
     "cpus_per_task, ntasks, gpus_req, memory_mb, cpus, gpus, supervisor_pid, pids, output, "
     "error, workdir, submitted_at, started_at, ended_at, cancel_requested, requeue, pmi, "
-    "username, uid, gid, submit_node, groups, held, cancelled_by, umask"
+    "username, uid, gid, submit_node, groups, held, cancelled_by, umask, time_limit, begin_at, "
+    "dependency, array_id, array_index, array_max"
 )
 
 TABLES = ("tether_meta", "tether_nodes", "tether_jobs", "tether_attempts")

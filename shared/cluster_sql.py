@@ -15,6 +15,7 @@ belongs to and one for any other attempt is refused.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 SCHEMA_VERSION = 2
@@ -109,6 +110,13 @@ ALTER TABLE tether_jobs ADD COLUMN groups jsonb NOT NULL DEFAULT '[]';
 ALTER TABLE tether_jobs ADD COLUMN held boolean NOT NULL DEFAULT false;
 ALTER TABLE tether_jobs ADD COLUMN cancelled_by text;
 ALTER TABLE tether_jobs ADD COLUMN umask integer NOT NULL DEFAULT 18;
+ALTER TABLE tether_jobs ADD COLUMN time_limit float8;
+ALTER TABLE tether_jobs ADD COLUMN begin_at float8;
+ALTER TABLE tether_jobs ADD COLUMN dependency jsonb NOT NULL DEFAULT '[]';
+ALTER TABLE tether_jobs ADD COLUMN array_id bigint;
+ALTER TABLE tether_jobs ADD COLUMN array_index integer;
+ALTER TABLE tether_jobs ADD COLUMN array_max integer;
+CREATE INDEX tether_jobs_array ON tether_jobs (array_id) WHERE array_id IS NOT NULL;
 """,
 }
 
@@ -123,7 +131,8 @@ JOB_COLUMNS = (
     "id, name, command, state, attempt, node, local_job, exit_code, signal, reason, "
     "cpus_per_task, ntasks, gpus_req, memory_mb, cpus, gpus, supervisor_pid, pids, output, "
     "error, workdir, submitted_at, started_at, ended_at, cancel_requested, requeue, pmi, "
-    "username, uid, gid, submit_node, groups, held, cancelled_by, umask"
+    "username, uid, gid, submit_node, groups, held, cancelled_by, umask, time_limit, begin_at, "
+    "dependency, array_id, array_index, array_max"
 )
 
 
@@ -155,7 +164,22 @@ def public_job(row: dict[str, Any]) -> dict[str, Any]:
         "started_at": row["started_at"], "ended_at": row["ended_at"], "pmi": row["pmi"],
         "user": row["username"], "uid": row["uid"], "node": row["node"],
         "requeue": row["requeue"], "held": row["held"], "submit_node": row["submit_node"],
-    }
+        "time_limit": row["time_limit"], "begin_at": row["begin_at"],
+        "dependency": row["dependency"], "array_id": row["array_id"],
+        "array_index": row["array_index"],
+    } | ({"reason": pending_reason(row)} if row["state"] == "pending" and not row["reason"]
+         else {})
+
+
+def pending_reason(row: dict[str, Any]) -> str:
+    """Why a queued cluster job waits, in Slurm's words (as a node's ``list`` says them)."""
+    if row["held"]:
+        return "JobHeldUser"
+    if row["begin_at"] is not None and row["begin_at"] > time.time():
+        return "BeginTime"
+    if row["dependency"]:
+        return "Dependency"
+    return "Resources"
 
 
 def node_state(state: str, drain: bool) -> str:

@@ -24,10 +24,11 @@ def per_task(recorded: str) -> bool:
 
 
 def for_job(pattern: str, values: dict[str, str]) -> str:
-    """Expand the job's tokens (``values`` keys ``j x u A a N``), keeping ``%t`` and ``%%``."""
+    """Expand the job's tokens (``values`` keys ``j x u A a N``), keeping ``%t`` and ``%%``, and
+    any token ``values`` lacks (a cluster's job learns its ``%N`` only when a node claims it)."""
     def sub(m: re.Match[str]) -> str:
         width, key = m.group(1), m.group(2)
-        if key in ("t", "%"):
+        if key in ("t", "%") or key not in values:
             return m.group(0)
         value = values[key].zfill(int(width)) if width else values[key]
         return value.replace("%", "%%")

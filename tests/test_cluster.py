@@ -50,8 +50,8 @@ def test_init_is_idempotent_and_bad_input_is_one_line(cluster: Cluster, pg: Scra
         (node("show", "99", at=cluster.nodes["n0"]), 1, "no job 99"),
         (node("drain", "ghost", at=cluster.nodes["n0"]), 1, "no node 'ghost'"),
         (node("show", "1_2", at=cluster.nodes["n0"]), 1, "no array elements"),
-        (node("submit", "--time", "5", "--", "true", at=cluster.nodes["n0"]), 1,
-         "--time not supported for cluster jobs"),
+        (node("submit", "--dependency", "afterok:77", "--", "true", at=cluster.nodes["n0"]),
+         1, "dependency: no job 77"),
         (node("agent", "--cluster", cluster.dsn), 2, "--cluster-file"),
     ]
     for res, rc, text in cases:

@@ -57,5 +57,5 @@ def test_a_submit_option_the_cluster_does_not_carry_is_refused() -> None:
 
     assert set(SUBMIT_ARGS) | {"requeue"} == CARRIED | set(NOT_YET)
     assert uncarried({"command": ["true"], "time_limit": 60.0, "array": None,
-                      "dependency": "afterok:1"}) == ["--dependency", "--time"]
-    assert uncarried({"later_option": 5}) == ["--later-option"]
+                      "dependency": "afterok:1"}) == []
+    assert uncarried({"later_option": 5, "array": None}) == ["--later-option"]

@@ -1,0 +1,103 @@
+"""A single node's scheduling features, cluster-wide (issue 25): time limits, arrays with their
+tokens and throttle, dependencies across nodes, begin times, suspend and resume on the job's
+node. Two agents on a real PostgreSQL (``tests/clusterkit.py``)."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import time
+
+from tests.clusterkit import GATE, Cluster
+from tests.helpers import poll_until
+
+
+def test_a_time_limit_is_enforced_wherever_the_job_runs(cluster: Cluster) -> None:
+    cluster.agents("n0", "n1")
+    job = cluster.submit("sleep", "60", opts=("--time", "0:02"))
+    row = cluster.wait_job(job, lambda j: j["state"] == "timeout", "timeout", timeout=60)
+    assert row["time_limit"] == 2.0 and "time limit" in row["reason"]
+    res = cluster.cli("wait", str(job))
+    assert res.returncode == 143, res.stderr  # SIGTERM at the limit, as on one node
+
+
+def test_an_array_runs_across_nodes_with_its_tokens_and_throttle(cluster: Cluster) -> None:
+    cluster.agents("n0", "n1")
+    first = cluster.submit("sh", "-c", GATE + "; echo $TETHER_ARRAY_JOB_ID $TETHER_ARRAY_TASK_ID",
+                           opts=("--array", "0-5%2", "--output", "o-%A_%a-%N.txt"))
+    rows = cluster.sql("SELECT id, array_id, array_index, array_max FROM tether_jobs ORDER BY id")
+    assert [(r["array_id"], r["array_index"], r["array_max"]) for r in rows] == \
+        [(first, i, 2) for i in range(6)]
+
+    def running() -> int:
+        return len(cluster.sql("SELECT id FROM tether_jobs WHERE state IN ('starting', "
+                               "'running')"))
+    poll_until(lambda: running() == 2, 30, "two elements running (the throttle)")
+    pending = json.loads(cluster.ok("show", str(rows[5]["id"]), "--json"))
+    assert pending["state"] == "pending" and pending["array_index"] == 5
+    cluster.go()
+    seen_most = 0
+    deadline = time.monotonic() + 60
+    while cluster.sql("SELECT id FROM tether_jobs WHERE state <> 'completed'"):
+        seen_most = max(seen_most, running())
+        assert time.monotonic() < deadline, cluster.logs()
+        time.sleep(0.02)
+    assert seen_most <= 2
+    nodes = {r["node"] for r in cluster.sql("SELECT node FROM tether_jobs")}
+    for r in rows:
+        job = cluster.job(r["id"])
+        assert job["output"] == os.path.join(cluster.work,
+                                              f"o-{first}_{r['array_index']}-%N.txt")
+        [path] = glob.glob(os.path.join(cluster.work, f"o-{first}_{r['array_index']}-n?.txt"))
+        assert path.endswith(f"-{job['node']}.txt")  # %N: the node that ran it
+        with open(path) as f:
+            assert f.read() == f"{first} {r['array_index']}\n"
+    assert nodes <= {"n0", "n1"}
+
+
+def test_dependencies_across_nodes(cluster: Cluster) -> None:
+    cluster.agents("n0", "n1")
+    cluster.ok("drain", "n1")
+    before = cluster.submit("sh", "-c", GATE)  # on n0
+    after = cluster.submit("sh", "-c", "echo after", opts=("--dependency", f"afterok:{before}"),
+                           node="n1")
+    never = cluster.submit("true", opts=("--dependency", f"afternotok:{before}"))
+    anyway = cluster.submit("true", opts=("--dependency", f"afterany:{after}"))
+    cluster.ok("resume", "n1")
+    shown = json.loads(cluster.ok("show", str(after), "--json"))
+    assert (shown["state"], shown["reason"]) == ("pending", "Dependency")
+    assert shown["dependency"] == [["afterok", before]]
+    cluster.go()
+    for job in (before, after, anyway):
+        cluster.wait_job(job, lambda j: j["state"] == "completed", "completed")
+    row = cluster.wait_job(never, lambda j: j["state"] == "cancelled", "cancelled")
+    assert row["reason"].startswith("DependencyNeverSatisfied")
+    res = cluster.cli("submit", "--dependency", "afterok:999", "--", "true")
+    assert res.returncode == 1 and "no job 999" in res.stderr
+
+
+def test_a_begin_time_holds_the_job_until_then(cluster: Cluster) -> None:
+    cluster.agents("n0", "n1")
+    job = cluster.submit("true", opts=("--begin", "now+2"))
+    shown = json.loads(cluster.ok("show", str(job), "--json"))
+    assert (shown["state"], shown["reason"]) == ("pending", "BeginTime")
+    row = cluster.wait_job(job, lambda j: j["state"] == "completed", "completed")
+    assert row["begin_at"] is not None
+
+
+def test_suspend_and_resume_on_the_jobs_node_and_where_it_is_not(cluster: Cluster) -> None:
+    cluster.agents("n0", "n1")
+    cluster.ok("drain", "n1")
+    job = cluster.submit("sleep", "60")
+    cluster.wait_job(job, lambda j: j["state"] == "running" and j["pids"], "running on n0")
+    res = cluster.cli("suspend", str(job), node="n1")
+    assert res.returncode == 1 and "runs on node n0" in res.stderr, res.stderr
+    cluster.ok("suspend", str(job), node="n0")
+    local = [j for j in cluster.local_jobs("n0")]
+    assert local and local[0]["state"] == "running"  # frozen, its row still running
+    status = json.loads(cluster.ok("status", "--json", node="n0"))
+    assert status["cluster"]["node"] == "n0"
+    cluster.ok("resume", str(job), node="n0")
+    cluster.ok("cancel", str(job))
+    cluster.wait_job(job, lambda j: j["state"] == "cancelled", "cancelled")
