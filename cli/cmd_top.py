@@ -55,7 +55,8 @@ class Watcher:
     def snapshot(self) -> Snapshot:
         try:
             status = agent_call(self.layout, "status", timeout=2.0)
-            jobs = all_jobs(self.layout)
+            # this node's own runs, where its agent is a cluster's member too
+            jobs = all_jobs(self.layout, local=os.path.exists(self.layout.cluster_marker))
         except (CliError, TetherError) as exc:
             return Snapshot(None, str(exc))
         snap = Snapshot(status, None)

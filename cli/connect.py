@@ -124,11 +124,16 @@ def _inode(path: str) -> tuple[int, int, int] | None:
     return (st.st_dev, st.st_ino, st.st_ctime_ns)
 
 
-def all_jobs(layout: Layout) -> list[dict[str, Any]]:
-    """Every job the agent holds, oldest first: it answers in pages so no reply outgrows a frame."""
+def all_jobs(layout: Layout, local: bool = False) -> list[dict[str, Any]]:
+    """Every job the agent holds, oldest first: it answers in pages so no reply outgrows a frame.
+    ``local``: the node's own, where the agent is a cluster's member (whose ``list`` is the
+    cluster's otherwise)."""
     jobs: list[dict[str, Any]] = []
     while True:
-        page = agent_call(layout, "list", {"after": jobs[-1]["id"] if jobs else 0})
+        args: dict[str, Any] = {"after": jobs[-1]["id"] if jobs else 0}
+        if local:
+            args["local"] = True
+        page = agent_call(layout, "list", args)
         jobs.extend(page["jobs"])
         if not page["more"]:
             return jobs
