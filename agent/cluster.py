@@ -48,11 +48,12 @@ import zmq
 import tether
 from tether.agent import cluster_db, cluster_local, lifecycle_effects
 from tether.agent.cluster_pass import Outcome, Passes, Snapshot
+from tether.agent.cluster_relay import RelayServer
 from tether.agent.job import FINAL, Job
 from tether.agent.offload import Offload
 from tether.shared import cluster_db as shared_db
 from tether.shared import lease, records
-from tether.shared.cluster_sql import CHANNEL_JOB, CHANNEL_QUEUE, demand
+from tether.shared.cluster_sql import CHANNEL_ASK, CHANNEL_JOB, CHANNEL_QUEUE, demand
 from tether.shared.errors import TetherError
 
 if TYPE_CHECKING:
@@ -88,6 +89,8 @@ class ClusterNode:
         #: the worker thread and its side of each pass (its connection lives there)
         self.worker = Offload(maxsize=16)
         self.passes = Passes(cfg.dsn, self.info)
+        #: serves other nodes' asks of this node's steps (cluster_relay.py)
+        self.relay = RelayServer(cfg.dsn, agent.cfg.state_dir, agent.layout.sock)
         #: the LISTEN connection, read on the loop only
         self.listener: shared_db.Conn | None = None
         self.fd: int | None = None
@@ -121,7 +124,8 @@ class ClusterNode:
         self.ready = True
         # tells this node's CLI that job ids are the cluster's (inspect asks where one runs)
         records.atomic_write_json(self.agent.layout.cluster_marker, {
-            "schema": records.SCHEMA, "node": self.info.name, "login": self.info.login})
+            "schema": records.SCHEMA, "node": self.info.name, "login": self.info.login},
+            mode=0o644)  # every user's CLI reads it
         for run, state in cluster_local.open_runs(db.conn):
             if state == "pending":  # claimed in the very loop turn the last agent died in
                 self.stop_local(run, "abandoned at an agent restart before it started; the "
@@ -158,6 +162,7 @@ class ClusterNode:
                      "nothing", self.info.name, self.timeout)
         self.close_listener()
         self.worker.close()
+        self.relay.close()
 
     def job_ended(self, job: Job) -> None:
         """A local job reached a final state: its result is owed (the next pass delivers it)."""
@@ -311,6 +316,7 @@ class ClusterNode:
                      self.info.name, " as a login node" if self.info.login else "",
                      self.cfg.heartbeat, self.timeout)
         self.record_claims(out.claimed)
+        self.relay.wake()  # asks a lost notification left waiting (cheap: one statement)
 
     def readable(self) -> None:
         """The LISTEN connection has notifications: a pass for them (coalesced)."""
@@ -323,6 +329,8 @@ class ClusterNode:
             return
         if any(n.channel in (CHANNEL_QUEUE, CHANNEL_JOB) for n in got):
             self.request_pass()
+        if any(n.channel == CHANNEL_ASK and n.payload == self.info.name for n in got):
+            self.relay.wake()
         for n in got:
             if n.channel == CHANNEL_JOB and n.payload.isdigit() \
                     and self.agent.cluster_requests is not None:

@@ -36,6 +36,7 @@ from tether.shared.cluster_sql import FINAL
 from tether.shared.door_conn import Conn
 from tether.shared.errors import (
     BadRequest,
+    Busy,
     NotFound,
     PermissionDenied,
     StateError,
@@ -71,6 +72,9 @@ def uncarried(args: Any) -> list[str]:
             for k in sorted(args) if k not in CARRIED and args[k] is not None]
 #: times a ``wait`` reads its job again when the cluster changed while it read
 REREADS = 3
+#: requests relayed to other nodes' steps at once (each holds a thread and a connection)
+RELAYS = 16
+RELAYS_PER_USER = 4
 
 
 class ClusterRequests:
@@ -85,6 +89,8 @@ class ClusterRequests:
         #: last one may have missed it)
         self.changes = 0
         self.kinds = frozenset(HANDLERS)
+        #: relays in flight, per uid
+        self.relays: dict[int, int] = {}
 
     def start(self) -> None:
         fd = self.worker.fileno()
@@ -308,8 +314,42 @@ class ClusterRequests:
                                        "local_job", "attempt")}
         return self.run(peer, req.id, lambda c: cluster_db.where(c, job), check)
 
+    def relay(self, peer: Conn, req: protocol.Request) -> Any:
+        """A request to a cluster job's step wherever it runs (``inspect``, ``attach``,
+        ``signal``, ``suspend``, ``resume`` from any node), asked through the database of the
+        node that runs it (``cluster_relay.py``). On a thread of its own: it waits."""
+        from tether.agent import cluster_relay
+        from tether.shared.cluster_funcs import ASK_KINDS
+
+        check_known(req.args, req.kind, ("job", "kind", "args"))
+        job = arg_int(req.args, "job", minimum=1)
+        kind = protocol.arg_str(req.args, "kind", max_len=32)
+        if kind not in ASK_KINDS:
+            raise BadRequest(f"'relay' of {kind!r}: only {', '.join(ASK_KINDS)}")
+        args = req.args.get("args") or {}
+        if not isinstance(args, dict) or not all(isinstance(k, str) for k in args):
+            raise BadRequest("'relay' args must be a map")
+        uid = _uid(peer)
+        if self.relays.get(uid, 0) >= RELAYS_PER_USER or sum(self.relays.values()) >= RELAYS:
+            raise Busy(f"the agent is relaying {RELAYS_PER_USER} of your requests (or "
+                       f"{RELAYS} in all) already; try again")
+        self.relays[uid] = self.relays.get(uid, 0) + 1
+
+        def done(result: Any, exc: BaseException | None) -> None:
+            self.relays[uid] -= 1
+            if not self.relays[uid]:
+                del self.relays[uid]
+            if isinstance(exc, (psycopg.Error, cluster_db.ClusterUnreachable)):
+                exc = Unavailable(f"the cluster database failed: {exc}")
+            self.answer(peer, req.id, result, exc)
+        self.agent.offload.aside(
+            lambda: cluster_relay.ask(self.dsn, job, uid, str(kind), dict(args)), done,
+            "tether-ask")
+        return PENDING
+
     def on_node(self, peer: Conn, req: protocol.Request) -> Any:
-        """``suspend`` and ``resume`` of a cluster job: the node's own job, if it runs here."""
+        """``suspend`` and ``resume`` of a cluster job: the node's own job if it runs here, else
+        asked of its node (the owner or root)."""
         from tether.agent import api
         from tether.agent.cluster_local import current_run
 
@@ -325,8 +365,10 @@ class ClusterRequests:
             owner_or_root(self.agent, peer, _Owner(at), req.kind)
             if at["node"] is None:
                 raise StateError(f"job {job} is {at['state']}: it runs on no node")
-            raise StateError(f"job {job} runs on node {at['node']} (host {at['host']}): run "
-                             f"`tether {req.kind}` there")
+            # its node's agent does it: asked through the database (cluster_relay.py)
+            relayed = protocol.Request(id=req.id, kind="relay", args={
+                "job": job, "kind": req.kind, "args": {}}, v=req.v)
+            return self.relay(peer, relayed)
         return self.run(peer, req.id, lambda c: cluster_db.where(c, job), elsewhere)
 
 
@@ -379,4 +421,5 @@ HANDLERS: dict[str, Callable[[ClusterRequests, Conn, protocol.Request], Any]] = 
     "release": ClusterRequests.hold, "nodes": ClusterRequests.nodes,
     "drain": ClusterRequests.drain, "locate": ClusterRequests.locate,
     "suspend": ClusterRequests.on_node, "resume": ClusterRequests.on_node,
+    "relay": ClusterRequests.relay,
 }

@@ -23,7 +23,7 @@ import psycopg
 from tether.agent import cluster_db
 from tether.shared import cluster_db as shared_db
 from tether.shared import lease
-from tether.shared.cluster_sql import CHANNEL_JOB, CHANNEL_QUEUE
+from tether.shared.cluster_sql import CHANNEL_ASK, CHANNEL_JOB, CHANNEL_QUEUE
 
 Key = tuple[int, int]  # (cluster job, attempt)
 
@@ -102,7 +102,7 @@ class Passes:
             self.conn = shared_db.open_checked(self.dsn, application=app)
             listener = shared_db.open_checked(self.dsn, application=app + " listen")
             try:
-                shared_db.listen(listener, CHANNEL_QUEUE, CHANNEL_JOB)
+                shared_db.listen(listener, CHANNEL_QUEUE, CHANNEL_JOB, CHANNEL_ASK)
             except BaseException:
                 listener.close()
                 raise

@@ -226,21 +226,22 @@ def is_member(layout: Layout) -> bool:
 
 
 def located(layout: Layout, ns: argparse.Namespace) -> tuple[Layout, argparse.Namespace]:
-    """``inspect``, ``attach``, ``signal`` of a cluster job: the layout of the node that runs
-    it (on this machine) and the arguments with that node's own job id."""
-    from tether.shared.paths import Layout as NodeLayout
+    """``inspect``, ``attach``, ``signal`` of a cluster job: on this node, the node's own job
+    id; on another, the same, reached through this node's agent (``connect.relay_to``)."""
+    from tether.cli.connect import relay_to
 
     ref = str(ns.job)
     if not ref.isdigit():
-        raise CliError(f"{ns.cmd}: cluster jobs have no array elements (ID_INDEX)", EXIT_USAGE)
+        raise CliError(f"{ns.cmd}: cluster jobs are named by their own ids", EXIT_USAGE)
     at = agent_call(layout, "locate", {"job": int(ref), "verb": ns.cmd})
     if at["node"] is None or at["local_job"] is None:
         raise CliError(f"job {ref} is {at['state']}: it runs on no node yet")
-    import socket
-
-    if at["host"] != socket.gethostname():
-        raise CliError(f"job {ref} runs on node {at['node']} (host {at['host']}): run "
-                       f"`tether {ns.cmd}` there")
     local = argparse.Namespace(**vars(ns))
-    local.job = int(at["local_job"])
-    return NodeLayout(at["state_dir"]), local
+    with open(layout.cluster_marker, "rb") as f:
+        here = json.loads(f.read()).get("node")
+    if at["node"] == here:
+        local.job = int(at["local_job"])
+    else:
+        local.job = int(ref)
+        relay_to(layout, int(ref), str(at["node"]))
+    return layout, local

@@ -162,10 +162,30 @@ class supervisor_errors:  # named as the function it was: ``with supervisor_erro
 
 
 def open_step(layout: Layout, job: int) -> StepClient:
+    if _relay is not None and _relay[1] == job:  # a cluster job on another node
+        from tether.shared.step_client import RelayedStep
+
+        relay_layout, _, node = _relay
+        step = RelayedStep(job, node, lambda kind, args, timeout: agent_call(
+            relay_layout, kind, args, timeout=timeout))
+        with supervisor_errors(job):
+            step.handshake()
+        return step
     from tether.shared.step_client import connect
 
     with supervisor_errors(job):
         return connect(job, state_dir=layout.state_dir, timeout=5.0)
+
+
+#: (the local agent's layout, the cluster job, its node): this command's step is on another
+#: node and is reached through the agent (``relay_to``)
+_relay: tuple[Layout, int, str] | None = None
+
+
+def relay_to(layout: Layout, job: int, node: str) -> None:
+    """This command's job runs on another node: ``open_step`` reaches it through the agent."""
+    global _relay
+    _relay = (layout, job, node)
 
 
 def job_id_of(layout: Layout, ref: str | int) -> int:

@@ -43,6 +43,7 @@ from tether.shared.cluster_sql import (
 )
 from tether.shared.errors import (
     BadRequest,
+    Busy,
     NotFound,
     PermissionDenied,
     ResourceError,
@@ -285,8 +286,8 @@ def translated(exc: psycopg.Error) -> Exception:
     if code == "not_up":
         return NodeNotUp(message)
     return {"bad_request": BadRequest, "permission_denied": PermissionDenied,
-            "not_found": NotFound, "state": StateError,
-            "resources": ResourceError}[code](message)
+            "not_found": NotFound, "state": StateError, "resources": ResourceError,
+            "busy": Busy}[code](message)
 
 
 class NodeNotUp(ClusterError):

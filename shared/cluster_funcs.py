@@ -31,7 +31,14 @@ from __future__ import annotations
 
 #: SQLSTATE -> tether error code
 ERROR_CODES = {"TT400": "bad_request", "TT403": "permission_denied", "TT404": "not_found",
-               "TT409": "state", "TT413": "resources", "TT503": "not_up"}
+               "TT409": "state", "TT413": "resources", "TT429": "busy", "TT503": "not_up"}
+
+#: what one node may ask of another's step, for the users it authenticated (cluster_relay.py):
+#: the supervisor's verbs of inspect, attach and signal, and the agent's suspend and resume
+ASK_KINDS = ("hello", "state", "info", "pids", "stats", "pmi", "output", "events", "signal",
+             "suspend", "resume")
+#: asks one node may have waiting at once
+MAX_ASKS = 64
 
 #: (name, argument types) of every function, and whether nodes may call it
 NODE_FUNCTIONS = (
@@ -49,6 +56,10 @@ NODE_FUNCTIONS = (
     ("tether_cancel", "bigint, integer"),
     ("tether_hold", "bigint, integer, boolean"),
     ("tether_set_drain", "text, boolean, integer"),
+    ("tether_ask", "bigint, integer, text, jsonb"),
+    ("tether_asked", ""),
+    ("tether_answer", "bigint, jsonb"),
+    ("tether_answer_of", "bigint"),
 )
 #: helpers only the functions above call
 INTERNAL_FUNCTIONS = (
@@ -615,6 +626,70 @@ BEGIN
   PERFORM pg_notify('tether_job', p_job::text);
 END $$;
 
+-- ---- one node asking another's step, for a user it authenticated (cluster_relay.py) ------
+
+-- Ask the node that runs job p_job to put a request to its step (its supervisor, or its agent
+-- for suspend and resume), for user p_uid (the owner or root). Returns the ask's id; the
+-- answer comes with NOTIFY tether_answer and is read once with tether_answer_of.
+CREATE OR REPLACE FUNCTION tether_ask(p_job bigint, p_uid integer, p_kind text, p_args jsonb)
+    RETURNS bigint {definer} AS $$
+DECLARE me text := tether_me(); r record; v_id bigint;
+BEGIN
+  SELECT node, local_job, uid, username, state INTO r FROM tether_jobs WHERE id = p_job;
+  IF NOT FOUND THEN
+    RAISE EXCEPTION 'no job %', p_job USING ERRCODE = 'TT404';
+  END IF;
+  IF p_uid <> 0 AND p_uid IS DISTINCT FROM r.uid THEN
+    RAISE EXCEPTION 'permission denied: job % is its owner''s (%) and root''s to look into or '
+      'signal (you are uid %)', p_job, r.username, p_uid USING ERRCODE = 'TT403';
+  END IF;
+  IF r.node IS NULL OR r.local_job IS NULL THEN
+    RAISE EXCEPTION 'job % is %: it runs on no node', p_job, r.state USING ERRCODE = 'TT409';
+  END IF;
+  IF p_kind NOT IN {ask_kinds} OR jsonb_typeof(p_args) IS DISTINCT FROM 'object'
+     OR octet_length(p_args::text) > 4096 THEN
+    RAISE EXCEPTION 'a node may not ask %', p_kind USING ERRCODE = 'TT400';
+  END IF;
+  DELETE FROM tether_asks WHERE asked_at < clock_timestamp() - interval '10 minutes';
+  IF (SELECT count(*) FROM tether_asks WHERE from_node = me) >= {max_asks} THEN
+    RAISE EXCEPTION 'node % has {max_asks} asks of other nodes waiting already: try again', me
+      USING ERRCODE = 'TT429';
+  END IF;
+  INSERT INTO tether_asks (from_node, to_node, job, local_job, uid, kind, args)
+  VALUES (me, r.node, p_job, r.local_job, p_uid, p_kind, p_args) RETURNING id INTO v_id;
+  PERFORM pg_notify('tether_ask', r.node);
+  RETURN v_id;
+END $$;
+
+-- The asks waiting for the calling node, taken (each is served once).
+CREATE OR REPLACE FUNCTION tether_asked() RETURNS SETOF jsonb {definer} AS $$
+DECLARE me text := tether_me();
+BEGIN
+  RETURN QUERY UPDATE tether_asks SET taken = true WHERE id IN (
+      SELECT id FROM tether_asks WHERE to_node = me AND NOT taken ORDER BY id LIMIT 16
+      FOR UPDATE SKIP LOCKED)
+    RETURNING jsonb_build_object('id', id, 'job', job, 'local_job', local_job, 'uid', uid,
+                                 'kind', kind, 'args', args, 'from', from_node);
+END $$;
+
+CREATE OR REPLACE FUNCTION tether_answer(p_id bigint, p_answer jsonb) RETURNS void
+    {definer} AS $$
+BEGIN
+  UPDATE tether_asks SET answer = p_answer WHERE id = p_id AND to_node = tether_me()
+     AND octet_length(p_answer::text) <= 2097152;
+  PERFORM pg_notify('tether_answer', p_id::text);
+END $$;
+
+-- The answer to one of the calling node's asks, once (the ask is gone after); NULL while
+-- there is none. p_forget: give up on it.
+CREATE OR REPLACE FUNCTION tether_answer_of(p_id bigint) RETURNS jsonb {definer} AS $$
+DECLARE a jsonb;
+BEGIN
+  DELETE FROM tether_asks WHERE id = p_id AND from_node = tether_me() AND answer IS NOT NULL
+  RETURNING answer INTO a;
+  RETURN a;
+END $$;
+
 CREATE OR REPLACE FUNCTION tether_set_drain(p_node text, p_drain boolean, p_uid integer)
     RETURNS void {definer} AS $$
 BEGIN
@@ -642,7 +717,7 @@ READABLE_JOB_COLUMNS = (
     "dependency, array_id, array_index, array_max"
 )
 
-TABLES = ("tether_meta", "tether_nodes", "tether_jobs", "tether_attempts")
+TABLES = ("tether_meta", "tether_nodes", "tether_jobs", "tether_attempts", "tether_asks")
 
 
 def functions_sql(schema_ident: str) -> str:
@@ -650,13 +725,16 @@ def functions_sql(schema_ident: str) -> str:
     dropped first, so that a function whose result type changed is made anew."""
     drops = "".join(f"DROP FUNCTION IF EXISTS {name}({args});\n"
                     for name, args in NODE_FUNCTIONS + INTERNAL_FUNCTIONS)
-    return drops + FUNCTIONS.format(schema=schema_ident, definer=_DEF.format(schema=schema_ident))
+    kinds = "(" + ", ".join(f"'{k}'" for k in ASK_KINDS) + ")"
+    return drops + FUNCTIONS.format(schema=schema_ident, definer=_DEF.format(schema=schema_ident),
+                                    ask_kinds=kinds, max_asks=MAX_ASKS)
 
 
 def privileges_sql(group_ident: str) -> list[str]:
     """Statements that leave PUBLIC nothing and the node group reads and calls only."""
     out = [f"REVOKE ALL ON {', '.join(TABLES)} FROM PUBLIC, {group_ident}",
-           f"REVOKE ALL ON SEQUENCE tether_jobs_id_seq FROM PUBLIC, {group_ident}",
+           f"REVOKE ALL ON SEQUENCE tether_jobs_id_seq, tether_asks_id_seq FROM PUBLIC, "
+           f"{group_ident}",
            f"GRANT SELECT ON tether_meta, tether_nodes, tether_attempts TO {group_ident}",
            f"GRANT SELECT ({READABLE_JOB_COLUMNS}) ON tether_jobs TO {group_ident}"]
     for name, args in INTERNAL_FUNCTIONS + NODE_FUNCTIONS:

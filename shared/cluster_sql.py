@@ -33,6 +33,10 @@ DEFAULT_FENCE_MARGIN = 5.0
 #: ``job``: payload a job id; its state changed or a cancel was asked for.
 CHANNEL_QUEUE = "tether_queue"
 CHANNEL_JOB = "tether_job"
+#: payload a node's name: another node asked something of one of its steps (cluster_relay.py)
+CHANNEL_ASK = "tether_ask"
+#: payload an ask's id: it was answered
+CHANNEL_ANSWER = "tether_answer"
 
 ACTIVE = ("starting", "running")
 FINAL = ("completed", "failed", "cancelled", "lost", "timeout", "node_fail")
@@ -117,6 +121,20 @@ ALTER TABLE tether_jobs ADD COLUMN array_id bigint;
 ALTER TABLE tether_jobs ADD COLUMN array_index integer;
 ALTER TABLE tether_jobs ADD COLUMN array_max integer;
 CREATE INDEX tether_jobs_array ON tether_jobs (array_id) WHERE array_id IS NOT NULL;
+CREATE TABLE tether_asks (
+    id bigserial PRIMARY KEY,
+    from_node text NOT NULL,
+    to_node text NOT NULL,
+    job bigint NOT NULL,
+    local_job bigint NOT NULL,
+    uid integer NOT NULL,
+    kind text NOT NULL,
+    args jsonb NOT NULL,
+    answer jsonb,
+    taken boolean NOT NULL DEFAULT false,
+    asked_at timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+CREATE INDEX tether_asks_to ON tether_asks (to_node) WHERE NOT taken;
 """,
 }
 

@@ -357,3 +357,51 @@ def connect(job: int, *, state_dir: str | None = None, timeout: float = 5.0) -> 
         step.close()
         raise
     return step
+
+
+class RelayedStep(StepClient):
+    """A cluster job's step on another node, reached through this node's agent, which asks that
+    node through the cluster's database (``agent/cluster_relay.py``): the same verbs as a
+    ``StepClient``, each one request of the agent's ``relay``. ``call_agent(kind, args,
+    timeout)`` is the caller's way to its agent (the CLI's ``agent_call``)."""
+
+    def __init__(self, job: int, node: str, call_agent: Any, *, timeout: float = 5.0) -> None:
+        super().__init__(f"node {node}", job, timeout=timeout)
+        self.node = node
+        self.call_agent = call_agent
+
+    def close(self) -> None:
+        return None
+
+    def _alive(self) -> bool:
+        return True  # its node's agent says when it is gone ("gone")
+
+    def call(self, kind: str, args: dict[str, Any] | None = None, *,
+             timeout: float | None = None) -> Any:
+        try:
+            return self.call_agent("relay", {"job": self.job, "kind": kind, "args": args or {}},
+                                   (timeout or self.timeout) + 15.0)
+        except RemoteError as exc:
+            if exc.code == "gone":
+                raise SupervisorGone(exc.message) from None
+            raise
+
+    def handshake(self) -> dict[str, Any]:
+        self.hello = self.call("hello")
+        return self.hello
+
+    def await_new_image(self, deadline: float = 30.0) -> dict[str, Any]:
+        before = int(self.hello.get("generation", 0))
+        give_up = time.monotonic() + deadline
+        while True:
+            try:
+                res: dict[str, Any] = self.call("hello")
+            except TetherError:
+                res = {}
+            if int(res.get("generation", before)) > before:
+                self.hello = res
+                return res
+            if time.monotonic() > give_up:
+                raise Unreachable(f"job {self.job}: its supervisor did not come back after "
+                                  f"re-executing within {deadline:g}s")
+            time.sleep(UPGRADE_PROBE / 4)

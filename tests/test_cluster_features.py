@@ -7,10 +7,11 @@ from __future__ import annotations
 import glob
 import json
 import os
+import subprocess
 import time
 
 from tests.clusterkit import GATE, Cluster
-from tests.helpers import poll_until
+from tests.helpers import CLI, poll_until
 
 
 def test_a_time_limit_is_enforced_wherever_the_job_runs(cluster: Cluster) -> None:
@@ -86,18 +87,59 @@ def test_a_begin_time_holds_the_job_until_then(cluster: Cluster) -> None:
     assert row["begin_at"] is not None
 
 
-def test_suspend_and_resume_on_the_jobs_node_and_where_it_is_not(cluster: Cluster) -> None:
+def test_suspend_and_resume_from_any_node(cluster: Cluster) -> None:
     cluster.agents("n0", "n1")
     cluster.ok("drain", "n1")
     job = cluster.submit("sleep", "60")
     cluster.wait_job(job, lambda j: j["state"] == "running" and j["pids"], "running on n0")
-    res = cluster.cli("suspend", str(job), node="n1")
-    assert res.returncode == 1 and "runs on node n0" in res.stderr, res.stderr
-    cluster.ok("suspend", str(job), node="n0")
+    cluster.ok("suspend", str(job), node="n1")  # asked of n0 through the database
     local = [j for j in cluster.local_jobs("n0")]
     assert local and local[0]["state"] == "running"  # frozen, its row still running
     status = json.loads(cluster.ok("status", "--json", node="n0"))
     assert status["cluster"]["node"] == "n0"
+    res = cluster.cli("suspend", str(job), node="n0")
+    assert res.returncode == 1 and "already suspended" in res.stderr, res.stderr
     cluster.ok("resume", str(job), node="n0")
     cluster.ok("cancel", str(job))
     cluster.wait_job(job, lambda j: j["state"] == "cancelled", "cancelled")
+
+
+def test_inspect_attach_and_signal_from_another_node(cluster: Cluster) -> None:
+    """Through n1's agent and the database to n0's supervisor: no DSN, no port, no ssh."""
+    cluster.agents("n0", "n1")
+    cluster.ok("drain", "n1")
+    script = ("trap 'echo got USR1' USR1; echo one; "
+              "while [ ! -e go ]; do sleep 0.05; done; echo two; "
+              "while [ ! -e go2 ]; do sleep 0.05; done; echo three")
+    job = cluster.submit("sh", "-c", script)
+    row = cluster.wait_job(job, lambda j: j["state"] == "running" and j["pids"], "running")
+    assert row["node"] == "n0"
+    st = json.loads(cluster.ok("inspect", str(job), "--json", node="n1"))
+    assert st["state"] == "running" and st["pids"] == row["pids"]
+    pids = json.loads(cluster.ok("inspect", str(job), "--pids", "--json", node="n1"))
+    assert [t["pid"] for t in pids["tasks"]] == row["pids"]
+    poll_until(lambda: "one" in cluster.ok("inspect", str(job), "--output", node="n1"), 15,
+               "its output through the relay")
+    cluster.ok("signal", str(job), "USR1", node="n1")
+    poll_until(lambda: "got USR1" in cluster.ok("inspect", str(job), "--output", node="n1"),
+               15, "the signal to arrive")
+    attach = subprocess.Popen([*CLI, "attach", str(job)], stdout=subprocess.PIPE, text=True,
+                              env=dict(os.environ, TETHER_STATE_DIR=cluster.nodes["n1"].state))
+    try:
+        assert attach.stdout is not None
+        lines = iter(attach.stdout.readline, "")
+        assert next(lines) == "one\n"  # replayed from the start
+        while next(lines) != "got USR1\n":  # the shell may say its sleep died of it first
+            pass
+        cluster.go()
+        assert next(lines) == "two\n"  # live, through the relay
+        open(os.path.join(cluster.work, "go2"), "w").close()
+        assert next(lines) == "three\n"
+        assert attach.wait(timeout=60) == 0
+    finally:
+        if attach.poll() is None:
+            attach.kill()
+            attach.wait()
+        if attach.stdout is not None:
+            attach.stdout.close()
+    cluster.wait_job(job, lambda j: j["state"] == "completed", "completed")
