@@ -287,11 +287,7 @@ class StepClient:
         before = int(self.hello.get("generation", 0))
         give_up = time.monotonic() + deadline
         while True:
-            self.client.close()
-            try:
-                res = self.client.hello(timeout=UPGRADE_PROBE, watch=self._watch)
-            except Unreachable:
-                res = {}
+            res = self._hello_again()
             if int(res.get("generation", before)) > before:
                 self.hello = res
                 return res
@@ -299,6 +295,15 @@ class StepClient:
                 raise Unreachable(f"job {self.job}: its supervisor did not come back after "
                                   f"re-executing within {deadline:g}s")
             time.sleep(UPGRADE_PROBE / 4)
+
+    def _hello_again(self) -> dict[str, Any]:
+        """One ``hello`` on a fresh connection; {} if none came in time."""
+        self.client.close()
+        try:
+            res: dict[str, Any] = self.client.hello(timeout=UPGRADE_PROBE, watch=self._watch)
+        except Unreachable:
+            return {}
+        return res
 
     def _finish_from_files(self, paths: dict[str, str], names: list[str],
                            owner: int) -> Iterator[tuple[str, bytes]]:
@@ -390,18 +395,9 @@ class RelayedStep(StepClient):
         self.hello = self.call("hello")
         return self.hello
 
-    def await_new_image(self, deadline: float = 30.0) -> dict[str, Any]:
-        before = int(self.hello.get("generation", 0))
-        give_up = time.monotonic() + deadline
-        while True:
-            try:
-                res: dict[str, Any] = self.call("hello")
-            except TetherError:
-                res = {}
-            if int(res.get("generation", before)) > before:
-                self.hello = res
-                return res
-            if time.monotonic() > give_up:
-                raise Unreachable(f"job {self.job}: its supervisor did not come back after "
-                                  f"re-executing within {deadline:g}s")
-            time.sleep(UPGRADE_PROBE / 4)
+    def _hello_again(self) -> dict[str, Any]:
+        try:
+            res: dict[str, Any] = self.call("hello")
+        except TetherError:
+            return {}
+        return res
