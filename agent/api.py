@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import msgpack
 
 import tether
-from tether.agent import users
+from tether.agent import fallback, users
 from tether.agent.job import ACTIVE, FINAL, Job
 from tether.agent.ledger import Request as ResourceRequest
 from tether.agent.request_args import (
@@ -87,6 +87,7 @@ def status(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
     out["cgroup"] = agent.contain.status()
     out["db_syncs"] = agent.db.syncs  # group commit: fsyncs of the database so far
     out["hwloc_xml"] = agent.topology.ready  # None until gathered, or when off or failed
+    out["template"] = agent.spawner.template.status()  # its pid: what an admin looks for
     if agent.cluster is not None:
         out["cluster"] = {"node": agent.cluster.info.name, "state": agent.cluster.state,
                           "login": agent.cluster.info.login}
@@ -167,10 +168,10 @@ def submit(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
     node = agent.cfg.node
     array_id = job_id if indices else None
 
-    def check() -> tuple[users.User, list[tuple[str, str]]]:
-        """On the worker thread: who the user is (NSS may be slow), her file names (``%u``),
+    def check(deadline: float, timeout: float) -> tuple[users.User, list[tuple[str, str]]]:
+        """On a thread (checks.py): who the user is (NSS may be slow), her file names (``%u``),
         and, as that user, whether the workdir can be entered and the outputs written (root
-        would see what she cannot)."""
+        would see what she cannot), by ``deadline`` (``timeout`` seconds from its start)."""
         user = submitter(peer, user_name)
         default = os.path.join(workdir, DEFAULT_ARRAY_OUTPUT if indices else DEFAULT_OUTPUT)
         names = [expand_paths(i, name, output or default, error or output or default,
@@ -180,7 +181,7 @@ def submit(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
         if user.uid == os.geteuid():
             users.check_own_access(workdir, paths)
         else:
-            users.check_access(user, workdir, paths)
+            users.check_access(user, workdir, paths, timeout=timeout, deadline=deadline)
         return user, names
 
     def checked(got: tuple[users.User, list[tuple[str, str]]] | None,
@@ -222,7 +223,7 @@ def submit(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
         agent.schedule_due = True
         agent.reply(peer, protocol.ok(req.id, agent.public(agent.db.get_required(job_id))))
     try:
-        agent.offload.submit(check, checked, "submissions")
+        agent.checks.start(peer, user_name, check, checked)
     except BaseException:
         agent.release_id(job_id, count)
         raise
@@ -341,6 +342,9 @@ def suspend(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
     try:
         agent.contain.freeze(job.id, job.attempt)
     except CgroupError as exc:
+        # it ended as we asked (the agent has not heard yet): say so, not why a freeze failed
+        if fallback.step_over(agent.layout.run_dir(job.id, job.attempt), job):
+            raise StateError(f"job {job.id} has ended: there is nothing to suspend") from None
         raise StateError(f"cannot suspend job {job.id}: {exc}") from None
     try:
         job = agent.db.change(job, suspended_at=time.time())

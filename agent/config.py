@@ -16,6 +16,21 @@ if TYPE_CHECKING:
 
 
 @dataclass
+class ServiceConfig:
+    """How the agent behaves as a service: its template's end, its metrics (``reload.py``,
+    ``metrics.py``). A part of ``AgentConfig`` of its own, so that what a site's monitoring
+    and init system need reads as one thing."""
+
+    #: SIGTERM and SIGINT end the supervisor template too (``--stop-for-good``)
+    stop_for_good: bool = False
+    #: how long the template stays once no agent runs (``--template-linger``)
+    template_linger: float = 300.0
+    #: the Prometheus textfile (``--metrics-file``), and how often it is written
+    metrics_file: str | None = None
+    metrics_interval: float = 15.0
+
+
+@dataclass
 class AgentConfig:
     state_dir: str
     cpu_ids: list[int]
@@ -38,6 +53,12 @@ class AgentConfig:
     ksm: bool = False
     #: whose tasks load the node's topology from hwloc XML: pmi, all or off (topology.py)
     hwloc_xml: str = "pmi"
+    #: seconds a submission's check run as its user may take (checks.py)
+    submit_check_timeout: float = 5.0
+    #: MiB a step's PMI key-value store may hold (supervisor/pmi_kvs.py)
+    pmi_store_mb: int = 16
+    #: the template's end, the metrics (above)
+    service: ServiceConfig = field(default_factory=ServiceConfig)
 
 
 class AgentError(Exception):

@@ -154,11 +154,16 @@ class Containment:
 
     def freeze(self, job: int, attempt: int) -> None:
         cg = self.of(job, attempt)
-        if not cg.active or not cg.can_freeze:
-            raise CgroupError(f"this node cannot suspend jobs (cgroups: {self.host.mode}"
-                              f"{', no freezer' if cg.active else ''})")
+        if not cg.active:
+            raise CgroupError(f"this node cannot suspend jobs (cgroups: {self.host.mode})")
+        # before the freezer is looked for: a step whose tasks just ended has no cgroup (its
+        # supervisor removed it), and so no freezer file either, on any node
         if not cg.exists():
-            raise CgroupError(f"job {job} has no cgroup (started before cgroups were on?)")
+            raise CgroupError(f"job {job} has no cgroup (it ended, or started before cgroups "
+                              "were on)")
+        if not cg.can_freeze:
+            raise CgroupError(f"this node cannot suspend jobs (cgroups: {self.host.mode}, "
+                              "no freezer)")
         if not cg.freeze():
             log.warning("job %d: the freeze has not settled yet", job)
 

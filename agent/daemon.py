@@ -19,8 +19,9 @@ on the agent, as before the split):
   - launcher.py: allocate, record and spawn a job's attempt;
   - recovery.py: the reattach pass at start;
   - answering.py: answering clients (replies, parked ``wait`` requests, job ids held for
-    submissions); api.py: the requests of the CLI; scheduler.py: the queue.
-This module keeps the start and stop, the poll loop and its dispatch, and the signal wakeups.
+    submissions); api.py: the requests of the CLI; scheduler.py: the queue;
+  - reload.py: the signals (stop; SIGHUP reloads the settings); metrics.py: the textfile.
+This module keeps the start and stop, the poll loop and its dispatch.
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ import contextlib
 import fcntl
 import logging
 import os
-import signal
 import socket
 import time
 from collections import deque
@@ -46,8 +46,10 @@ from tether.agent import (
     launcher,
     lifecycle,
     recovery,
+    reload,
     statedir,
 )
+from tether.agent.checks import Checks
 from tether.agent.config import AgentConfig, AgentError, allowed_cpus
 from tether.agent.contain import BadBase, Containment
 from tether.agent.db import Store
@@ -55,6 +57,7 @@ from tether.agent.job import Job
 from tether.agent.ledger import Allocation, Ledger
 from tether.agent.lifecycle_events import Event, LockHeld
 from tether.agent.link import Link
+from tether.agent.metrics import Metrics
 from tether.agent.offload import Offload
 from tether.agent.poller import Poller
 from tether.agent.scheduler import Scheduler
@@ -79,8 +82,14 @@ TURN_EVENTS = 32
 
 
 class Agent:
-    def __init__(self, cfg: AgentConfig) -> None:
+    def __init__(self, cfg: AgentConfig, settings: dict[str, Any] | None = None,
+                 reread: Callable[[], dict[str, Any]] | None = None) -> None:
         self.cfg = cfg
+        #: the settings as options name them, and how to read them again (SIGHUP: reload.py)
+        self.settings = dict(settings or {})
+        self.reread = reread
+        #: stopping for good (--stop-for-good and a signal): the template goes too
+        self.for_good = False
         self.layout = Layout(cfg.state_dir)
         self.ledger = Ledger(cfg.cpu_ids, cfg.gpus, cfg.memory_mb,
                              allowed=allowed_cpus())
@@ -99,6 +108,8 @@ class Agent:
         self.door: Door | None = None
         #: slow calls (user lookups, checks run as the user) off the loop
         self.offload = Offload()
+        #: submissions' checks, each on a thread of its own, bounded per user (checks.py)
+        self.checks = Checks(self.offload, self.timers, cfg.submit_check_timeout)
         #: the node's hwloc XML for MPI ranks, gathered once the agent serves
         self.topology = Topology(self.layout.topology, cfg.hwloc_xml,
                                  missing=agent_fault(cfg.faults, "no-lstopo"))
@@ -115,6 +126,9 @@ class Agent:
         self.idents: dict[int, dict[str, Any]] = {}
         #: when the agent started, while some supervisor found at start has not answered yet
         self.reattach_t0: float | None = None
+        #: how long the last reattach took (recovery.py), for the metrics (metrics.py)
+        self.reattach_seconds: float | None = None
+        self.metrics = Metrics(self)
         #: one machine per job whose attempt is not settled and forgotten (lifecycle.py)
         self.machines: dict[int, lifecycle.Machine] = {}
         #: events waiting for the transition in progress to complete (see ``feed``)
@@ -132,7 +146,7 @@ class Agent:
                                watch=lambda fd: self.poller.register(fd, zmq.POLLIN),
                                unwatch=self.poller.unregister,
                                use_template=not agent_fault(cfg.faults, "no-template"),
-                               ksm=cfg.ksm,
+                               ksm=cfg.ksm, template_linger=cfg.service.template_linger,
                                hold_prep=agent_fault(cfg.faults, "hold-spawn-prep"))
         #: what this turn of the loop tells anyone or does to a process, held until the turn's
         #: commits are durable (``hold``, ``flush``): replies, spawns, requests to supervisors
@@ -194,12 +208,7 @@ class Agent:
             self.store = Store(self.layout.db)
         finally:
             os.umask(old_umask)
-        wake_r, wake_w = socket.socketpair()
-        wake_r.setblocking(False)
-        wake_w.setblocking(False)
-        signal.set_wakeup_fd(wake_w.fileno(), warn_on_full_buffer=False)
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            signal.signal(sig, _wake_only)
+        wake_r, _wake_w = reload.wakeup()  # (kept: its fd is the signals' wakeup fd)
         self.poller.register(wake_r, zmq.POLLIN)
         t0 = time.monotonic()
         self.contain.start()
@@ -230,6 +239,7 @@ class Agent:
                      self.layout.sock, (time.monotonic() - t0) * 1000, self.cfg.node,
                      len(self.cfg.cpu_ids), self.cfg.gpus, self.cfg.memory_mb)
             self.schedule_due = True
+            self.metrics.start()
             while not self.stopping:
                 self.step(wake_r)
         finally:
@@ -247,12 +257,16 @@ class Agent:
             self.cluster.stop()
         if self.cluster_requests is not None:
             self.cluster_requests.close()
+        self.metrics.close()  # while the database is open: its last figures say "down"
         self.spawner.close()
+        if self.for_good:
+            self.spawner.template.stop()
         for link in list(self.links.values()):
             link.close()
         if self.door is not None:
             self.door.close()  # unlinks the socket only if it is still the one it bound
         self.offload.close()
+        self.checks.close()
         self.contain.stop()
         self.poller.close()
         self.ctx.term()
@@ -320,15 +334,6 @@ class Agent:
             if sock_link is not None:
                 sock_link.readable()
 
-    def on_signals(self, wake_r: socket.socket) -> None:
-        try:
-            data = wake_r.recv(4096)
-        except BlockingIOError:
-            return
-        for sig in set(data):
-            log.info("received %s: stopping (jobs keep running)", signal.Signals(sig).name)
-            self.stopping = True
-
     # ---- scheduling ------------------------------------------------------------------------
 
     def schedule(self) -> None:
@@ -388,10 +393,8 @@ class Agent:
     spawn_gone = launcher.spawn_gone
 
     reattach = recovery.reattach
+    on_signals = reload.on_signals
     reattach_one = recovery.reattach_one
     orphan = recovery.orphan
     reattach_done = recovery.reattach_done
 
-
-def _wake_only(signum: int, frame: object) -> None:
-    """Handled in the loop, through the wakeup fd."""

@@ -179,7 +179,7 @@ def finalize(agent: Agent, job_id: int, fin: lifecycle_effects.Finalize) -> Job:
                               "signal": fin.signal, "reason": fin.reason,
                               "ended_at": fin.ended_at or rfc3339_now(),
                               "core_dumped": fin.core_dumped, "oom": fin.oom,
-                              "suspended_at": None}
+                              "pmi_unused": fin.pmi_unused, "suspended_at": None}
     if job.suspended_at is not None:  # a suspended job that ended (cancelled, lost)
         fields["suspended_seconds"] = job.suspended_total(time.time())
     if fin.started_at and not job.started_at:

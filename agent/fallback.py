@@ -52,6 +52,15 @@ def lock_is_free(rd: RunDir) -> bool:
     return True
 
 
+def step_over(rd: RunDir, job: Job) -> bool:
+    """Has the step ended, though the job's row still says running? Its supervisor writes the
+    exit record, then removes the step's cgroup, then tells the agent (a ``suspend`` in that
+    window found no freezer); and once no task of it is alive, it is ending."""
+    if os.path.exists(rd.sentinel):
+        return True
+    return bool(job.pids) and all((st := proc_stat(pid)) is None or st.dead for pid in job.pids)
+
+
 def _load(path: str, reader: Any, rd: RunDir) -> tuple[dict[str, Any] | None, str]:
     try:
         rec = reader(path)
@@ -83,7 +92,7 @@ def _from_sentinel(rec: dict[str, Any]) -> Verdict:
     return Result(state=rec["state"], exit_code=rec.get("exit_code"), signal=rec.get("signal"),
                   reason=rec.get("reason"), started_at=rec.get("started_at"),
                   ended_at=rec.get("ended_at"), core_dumped=bool(rec.get("core_dumped")),
-                  oom=rec.get("oom") is True)
+                  oom=rec.get("oom") is True, pmi_unused=rec.get("pmi_unused") is True)
 
 
 def resolve(rd: RunDir, job: Job) -> Verdict:

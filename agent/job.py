@@ -77,6 +77,8 @@ class Job:
     suspended_at: float | None = None
     #: seconds spent suspended before (not counting the current suspension)
     suspended_seconds: float = 0.0
+    #: a --pmi job whose ranks all ended without a word of PMI (each ran alone, as 0 of 1)
+    pmi_unused: bool = False
 
     @property
     def suspended(self) -> bool:
@@ -115,6 +117,7 @@ class Job:
             "oom": self.oom, **({"state": "suspended"} if self.suspended else {}),
             "suspended_seconds": self.suspended_total(time.time()),
             "begin_at": None if self.begin_at is None else stamps.stamp(self.begin_at),
+            "pmi_unused": self.pmi_unused,
         }
         if self.state == "pending" and self.pending_reason is not None:
             out["reason"] = self.pending_reason  # Slurm's pending reason, as squeue shows it
@@ -140,7 +143,7 @@ class Queued:
 # ---- the table map: where each field of a Job is kept, and how a row is read ----------------
 
 #: the fields of Job kept in job_facts rather than jobs
-FACTS = ("supervisor_boot", "supervisor_session", "core_dumped")
+FACTS = ("supervisor_boot", "supervisor_session", "core_dumped", "pmi_unused")
 #: the fields of Job kept in job_sched
 SCHED = ("time_limit", "held", "dependency", "array_id", "array_index", "array_max",
          "begin_at")
@@ -158,14 +161,14 @@ SELECT = ("SELECT " + ", ".join(f"jobs.{c}" for c in JOBS_COLUMNS) + ", "
           "f.supervisor_ticks, f.supervisor_boot, f.supervisor_session, "
           "COALESCE(f.core_dumped, 0), s.time_limit, COALESCE(s.held, 0), s.dependency, "
           "s.array_id, s.array_index, s.array_max, s.begin_at, COALESCE(cg.oom, 0), "
-          "cg.suspended_at, COALESCE(cg.suspended_seconds, 0) "
+          "cg.suspended_at, COALESCE(cg.suspended_seconds, 0), COALESCE(f.pmi_unused, 0) "
           "FROM jobs LEFT JOIN job_facts f ON f.job = jobs.id "
           "LEFT JOIN job_sched s ON s.id = jobs.id "
           "LEFT JOIN job_cgroup cg ON cg.job = jobs.id")
 #: the fields of Job kept as JSON text
 JSON_COLS = ("command", "cpus", "gpus", "pids", "env")
 #: columns stored as integers that a Job holds as bools
-BOOLS = ("cancel_requested", "core_dumped", "held", "oom")
+BOOLS = ("cancel_requested", "core_dumped", "held", "oom", "pmi_unused")
 #: the supervisor's identity: written together (job_facts keeps boot and session only with
 #: the ticks they belong to)
 IDENTITY = frozenset({"supervisor_ticks", "supervisor_boot", "supervisor_session"})
@@ -182,7 +185,7 @@ def from_row(row: tuple[Any, ...]) -> Job:
      workdir, env, submitted_at, started_at, ended_at, cancel_requested, pmi, user, uid, gid,
      facts_ticks, supervisor_boot, supervisor_session, core_dumped, time_limit, held,
      dependency, array_id, array_index, array_max, begin_at, oom, suspended_at,
-     suspended_seconds) = row
+     suspended_seconds, pmi_unused) = row
     if facts_ticks != supervisor_ticks:
         supervisor_boot = supervisor_session = None
     return Job(job_id, name, json.loads(command), state, attempt, exit_code, signal, reason,
@@ -193,4 +196,4 @@ def from_row(row: tuple[Any, ...]) -> Job:
                time_limit, bool(held),
                [tuple(x) for x in json.loads(dependency)] if dependency else [],
                array_id, array_index, array_max, begin_at, None, bool(oom), suspended_at,
-               suspended_seconds)
+               suspended_seconds, bool(pmi_unused))

@@ -125,6 +125,8 @@ def spec_of(agent: Agent, job: Job) -> dict[str, Any]:
         # computed, no I/O: safe on the spawner's worker thread
         "cgroup": agent.contain.plan(job.id, job.attempt, job.memory_mb),
     }
+    if job.pmi != "none":  # what its PMI key-value store may hold (supervisor/pmi_kvs.py)
+        spec["pmi_store_bytes"] = agent.cfg.pmi_store_mb << 20
     xml = agent.topology.for_step(job.pmi)
     if xml is not None:
         spec["hwloc_xml"] = xml  # the tasks load it (topology.py)

@@ -80,6 +80,8 @@ class Finalize:
     core_dumped: bool = False
     #: the OOM killer took a process of the step
     oom: bool = False
+    #: a PMI step none of whose ranks spoke PMI
+    pmi_unused: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -25,6 +25,8 @@ class Result:
     core_dumped: bool = False
     #: the OOM killer took a process of the step
     oom: bool = False
+    #: a PMI step none of whose ranks spoke PMI
+    pmi_unused: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -31,8 +31,9 @@ log = logging.getLogger("tether.agent")
 
 def reattach_done(agent: Agent) -> None:
     if agent.reattach_t0 is not None and not agent.reattaching:
+        agent.reattach_seconds = time.monotonic() - agent.reattach_t0
         log.info("reattach: every live supervisor answered %.0f ms after the start",
-                 (time.monotonic() - agent.reattach_t0) * 1000)
+                 agent.reattach_seconds * 1000)
         agent.reattach_t0 = None
 
 

@@ -138,6 +138,8 @@ MIGRATIONS: list[Migration] = [
     Migration("job_sched.begin_at: when a job may start at the earliest (submit --begin, "
               "epoch seconds)",
               sql("ALTER TABLE job_sched ADD COLUMN begin_at REAL")),
+    Migration("job_facts.pmi_unused: a --pmi job none of whose ranks spoke PMI (issue 27)",
+              sql("ALTER TABLE job_facts ADD COLUMN pmi_unused INTEGER NOT NULL DEFAULT 0")),
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -51,7 +51,13 @@ from tether.agent import spawn_cold, spawn_prep
 from tether.agent.offload import Offload
 from tether.agent.spawn_cold import SPAWN_TIMEOUT
 from tether.agent.spawn_prep import SpawnError
-from tether.agent.template_client import TEMPLATE_TIMEOUT, Template, peer_ident_of, read_pid
+from tether.agent.template_client import (
+    TEMPLATE_LINGER,
+    TEMPLATE_TIMEOUT,
+    Template,
+    peer_ident_of,
+    read_pid,
+)
 from tether.shared import template_wire
 from tether.shared.errors import Busy
 from tether.shared.paths import Layout, RunDir
@@ -96,13 +102,14 @@ class Spawner:
 
     def __init__(self, layout: Layout, timers: Timers, watch: Callable[[int], None],
                  unwatch: Callable[[int], None], *, use_template: bool = True,
-                 hold_prep: bool = False, ksm: bool = False) -> None:
+                 hold_prep: bool = False, ksm: bool = False,
+                 template_linger: float = TEMPLATE_LINGER) -> None:
         self.layout = layout
         self.timers = timers
         self.watch = watch
         self.unwatch = unwatch
         self.by_fd: dict[int, _Spawn] = {}
-        self.template = Template(layout, use=use_template, ksm=ksm)
+        self.template = Template(layout, use=use_template, ksm=ksm, linger=template_linger)
         #: what a supervisor inherits of the agent's environment (read once: walking
         #: os.environ decodes every variable, ~0.2 ms a spawn)
         self.env = {k: v for k, v in os.environ.items()

@@ -31,6 +31,9 @@ log = logging.getLogger("tether.agent")
 TEMPLATE_TIMEOUT = 2.0
 #: The least time between two starts of a template that died or hung.
 TEMPLATE_RETRY = 2.0
+#: How long a template stays once no agent runs (``agent --template-linger``): an agent
+#: restarted within it (a crash, an upgrade of other code replaces it anyway) finds it warm.
+TEMPLATE_LINGER = 300.0
 #: A template just started needs a moment to import everything: cold spawns while it is alive
 #: and younger than this are expected and not reported.
 TEMPLATE_WARMUP = 5.0
@@ -39,9 +42,12 @@ TEMPLATE_WARMUP = 5.0
 class Template:
     """The agent's view of the supervisor template."""
 
-    def __init__(self, layout: Layout, *, use: bool = True, ksm: bool = False) -> None:
+    def __init__(self, layout: Layout, *, use: bool = True, ksm: bool = False,
+                 linger: float = TEMPLATE_LINGER) -> None:
         self.layout = layout
         self.use = use
+        #: how long the template stays once no agent runs (``agent --template-linger``)
+        self.linger = linger
         #: why the template cannot be used right now (None: it can), said once per outage
         self.down: str | None = None
         self.started = -1e9
@@ -60,8 +66,9 @@ class Template:
         if self.ksm:
             _check_ksmd()
         path = self.layout.template_sock
+        hello = {"op": "hello", "agent_lock": self.layout.lock, "linger": self.linger}
         try:
-            reply, ident = _call(path, {"op": "hello"}, TEMPLATE_TIMEOUT)
+            reply, ident = _call(path, hello, TEMPLATE_TIMEOUT)
         except FileNotFoundError:
             reply, ident = None, None
         except (OSError, TemplateError) as exc:
@@ -85,7 +92,8 @@ class Template:
             os.unlink(self.layout.template_sock)  # never talk to a predecessor's leftover
         try:
             pid = detach([sys.executable, "-I", "-m", "tether.supervisor.template",
-                          "--socket", self.layout.template_sock,
+                          "--socket", self.layout.template_sock, "--agent-lock",
+                          self.layout.lock, "--linger", repr(self.linger),
                           *(["--ksm"] if self.ksm else [])], self.layout, ())
         except (OSError, SpawnError) as exc:
             self.failed(f"cannot start it: {exc}")
@@ -99,10 +107,10 @@ class Template:
                         "it is back", why)
         self.down = why
 
-    def kill(self, ident: ProcId | None) -> None:
+    def kill(self, ident: ProcId | None, sig: int = signal.SIGKILL) -> None:
         if ident is not None and ident.alive():
             with contextlib.suppress(OSError):
-                os.kill(ident.pid, signal.SIGKILL)
+                os.kill(ident.pid, sig)
 
     def connect(self) -> socket.socket | None:
         """A connection to the template, or None (and why, once) to go cold."""
@@ -126,6 +134,36 @@ class Template:
             log.info("supervisor template is back: supervisors start warm again")
             self.down = None
         return conn
+
+    def stop(self) -> None:
+        """The agent stops for good (``--stop-for-good``): the template goes too, asked to
+        (it removes its socket); one that does not know ``stop`` (of another release) or does
+        not answer gets SIGTERM, found by the socket's peer credentials (never by a pid that
+        may have been reused)."""
+        if not self.use:
+            return
+        path = self.layout.template_sock
+        try:
+            reply, ident = _call(path, {"op": "stop"}, TEMPLATE_TIMEOUT)
+        except FileNotFoundError:
+            return
+        except (OSError, TemplateError):
+            reply, ident = {}, _peer_ident(path)
+        if reply.get("ok"):
+            log.info("supervisor template (pid %s) asked to leave: the agent stops for good",
+                     ident.pid if ident else "?")
+            return
+        if ident is not None and ident.alive():
+            log.info("supervisor template (pid %d) sent SIGTERM: the agent stops for good",
+                     ident.pid)
+            self.kill(ident, signal.SIGTERM)
+
+    def status(self) -> dict[str, Any]:
+        """``status``'s ``template``: its pid while it lives (null otherwise), why it cannot be
+        used right now (null: it can), and how long it stays once no agent runs."""
+        pid = self.ident.pid if self.ident is not None and self.ident.alive() else None
+        down = self.down if self.use else "not used (supervisors start cold)"
+        return {"pid": pid, "down": down, "linger": self.linger}
 
 
 def read_pid(data: bytes) -> int:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 import stat
+from collections.abc import Callable
 from typing import Any
 
 from tether.cli.errors import CliError
@@ -76,6 +77,33 @@ def apply(parser: argparse.ArgumentParser, ns: argparse.Namespace, argv: list[st
         # the state dir ranks below TETHER_STATE_DIR, as for every client (main.state_dir)
         dest = "config_state_dir" if action.dest == "state_dir" else action.dest
         setattr(ns, dest, convert(path, key, action, value))
+
+
+def settings(ns: argparse.Namespace, state_dir: str) -> dict[str, Any]:
+    """Every agent setting in ``ns``, by its option's name without the dashes (``cpus``,
+    ``cancel-grace``), and ``state-dir`` as the agent uses it: what a reload compares."""
+    from tether.cli.parser import build_parser
+
+    out: dict[str, Any] = {}
+    for action in build_parser(["agent"]).subcommand("agent")._actions:
+        name = next((o[2:] for o in action.option_strings if o.startswith("--")), None)
+        if name is None or name in NOT_SETTINGS or action.help == argparse.SUPPRESS:
+            continue
+        out[name] = getattr(ns, action.dest, None)
+    out["state-dir"] = os.path.abspath(state_dir)
+    return out
+
+
+def rereader(parser: Any, argv: list[str]) -> Callable[[], dict[str, Any]]:
+    """What SIGHUP reloads: the same command line parsed again and the settings file read
+    again, as ``settings``; a ``CliError`` says what is wrong with the file."""
+    def reread() -> dict[str, Any]:
+        from tether.cli.main import state_dir
+
+        fresh = parser.parse(argv)
+        apply(parser.subcommand("agent"), fresh, argv)
+        return settings(fresh, state_dir(fresh))
+    return reread
 
 
 def convert(path: str, key: str, action: argparse.Action, value: Any) -> Any:

@@ -127,6 +127,45 @@ def env_pair(text: str) -> tuple[str, str]:
     return key, value
 
 
+#: Slurm's --mem units (case-insensitive), as MiB per unit; no unit: MiB
+_MEM_UNITS = {"k": 1 / 1024, "m": 1, "g": 1024, "t": 1024 * 1024}
+
+
+def mem_size(text: str) -> int:
+    """Slurm's ``--mem``: a whole number with an optional unit K, M, G or T (any case; no
+    unit: MiB), as MiB, rounded up as Slurm does. 0 is refused: to Slurm it means all of the
+    node's memory, which a submission cannot name here (docs/cli.md)."""
+    digits, unit = (text[:-1], text[-1].lower()) if text[-1:].isalpha() else (text, "m")
+    if unit not in _MEM_UNITS or not digits.isascii() or not digits.isdigit():
+        raise bad_value(f"{text!r} is not a size: N, or N followed by K, M, G or T")
+    kib = int(digits) * int(_MEM_UNITS[unit] * 1024)
+    if kib == 0:
+        raise bad_value("0 (Slurm's 'all of the node's memory') is not supported: give a "
+                        "size, or leave --mem out for the agent's default")
+    return -(-kib // 1024)
+
+
+def export_spec(text: str) -> tuple[str, tuple[tuple[str, str | None], ...]]:
+    """Slurm's ``--export``: ``ALL``, ``NONE``, or a comma-separated list of ``NAME`` (taken
+    from the submitter's environment) and ``NAME=VALUE``, with ``ALL`` in it to keep the rest of
+    the environment too (``ALL`` and ``NONE`` in any case). As (ALL or NONE, the names)."""
+    base = ""
+    items: list[tuple[str, str | None]] = []
+    for part in text.split(","):
+        word = part.upper()
+        if word in ("ALL", "NONE"):
+            if base and base != word:
+                raise bad_value(f"{text!r} names both ALL and NONE")
+            base = word
+            continue
+        name, sep, value = part.partition("=")
+        if not name or name[0] not in _NAME_START or not _NAME_REST.issuperset(name):
+            raise bad_value(f"{part!r} in {text!r} is not NAME or NAME=VALUE (a value with "
+                            "a comma: use --env)")
+        items.append((name, value if sep else None))
+    return base or "NONE", tuple(items)
+
+
 def positive_seconds(text: str) -> float:
     """A finite number of seconds > 0 (a heartbeat, a timeout)."""
     value = seconds(text)

@@ -7,13 +7,18 @@ import logging
 import os
 import socket
 import sys
+from collections.abc import Callable
+from typing import Any
 
 from tether.cli.cluster import agent_cluster
 from tether.cli.errors import CliError
 
 
-def agent(state_dir: str, ns: argparse.Namespace) -> int:
-    from tether.agent.config import AgentConfig, AgentError, allowed_cpus, memory_mb
+def agent(state_dir: str, ns: argparse.Namespace,
+          reread: Callable[[], dict[str, Any]] | None = None) -> int:
+    """Run the agent; ``reread`` gives its settings again, as SIGHUP reloads them
+    (``agentconf.rereader``)."""
+    from tether.agent.config import AgentConfig, AgentError, ServiceConfig, allowed_cpus, memory_mb
     from tether.agent.contain import default_base
     from tether.agent.daemon import Agent
     from tether.agent.schema import SchemaError
@@ -44,12 +49,24 @@ def agent(state_dir: str, ns: argparse.Namespace) -> int:
         claim_timeout=ns.claim_timeout, linger=ns.linger, cgroup=ns.cgroup,
         cgroup_base=ns.cgroup_base or default_base(os.path.abspath(state_dir)),
         default_memory_mb=ns.default_memory_mb, ksm=ns.ksm, hwloc_xml=ns.hwloc_xml,
+        submit_check_timeout=ns.submit_check_timeout, pmi_store_mb=ns.pmi_store_mb,
         faults=agent_faults(),
         cluster=agent_cluster(ns),
+        service=ServiceConfig(stop_for_good=ns.stop_for_good,
+                              template_linger=ns.template_linger,
+                              metrics_file=metrics_path(ns.metrics_file),
+                              metrics_interval=ns.metrics_interval),
     )
+    from tether.cli.agentconf import settings
+
     try:
-        return Agent(cfg).run()
+        return Agent(cfg, settings(ns, cfg.state_dir), reread).run()
     except (AgentError, PathTooLong, SchemaError) as exc:
         raise CliError(str(exc)) from None
     except OSError as exc:
         raise CliError(f"agent: {exc}") from None
+
+
+def metrics_path(path: str | None) -> str | None:
+    """``--metrics-file`` as an absolute path (the agent's working directory is no one's)."""
+    return os.path.abspath(path) if path else None

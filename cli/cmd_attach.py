@@ -8,6 +8,7 @@ import sys
 
 from tether.cli.connect import job_id_of, open_step, supervisor_errors
 from tether.cli.errors import EXIT_USAGE, CliError
+from tether.cli.format import say
 from tether.shared.errors import Unreachable
 from tether.shared.paths import Layout
 from tether.shared.step_client import parse_signal
@@ -27,8 +28,8 @@ def attach(layout: Layout, ns: argparse.Namespace) -> int:
             except Unreachable as exc:  # alive but silent (stopped?): keep trying
                 offsets = dict(step.offsets)
                 if not warned:
-                    print(f"tether: job {ns.job}: {exc.message}; still trying", file=sys.stderr,
-                          flush=True)
+                    say(f"tether: job {ns.job}: {exc.message}; still trying", file=sys.stderr,
+                        flush=True)
                     warned = True
                 continue
             except BrokenPipeError:  # our reader went away: detach quietly

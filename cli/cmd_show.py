@@ -7,7 +7,7 @@ import sys
 from tether.cli.argtypes import ref_args
 from tether.cli.connect import agent_call
 from tether.cli.errors import EXIT_ERROR, CliError
-from tether.cli.format import print_job
+from tether.cli.format import print_job, say
 
 TYPE_CHECKING = False  # typing costs every CLI run ~2 ms: for the type checker only
 if TYPE_CHECKING:
@@ -24,14 +24,14 @@ def status(layout: Layout, ns: argparse.Namespace) -> int:
             from tether.cli.jsonout import dumps  # json.dumps's text, without json (~3 ms)
 
             print(dumps({"running": False, "error": str(exc)}))
-        print(f"tether: {exc}", file=sys.stderr)
+        say(f"tether: {exc}", file=sys.stderr)
         return EXIT_ERROR
     if ns.json:
         from tether.cli.jsonout import dumps
 
         print(dumps(st))
         return 0
-    print(f"agent on node {st['node']} (version {st['version']}, pid {st['pid']})")
+    say(f"agent on node {st['node']} (version {st['version']}, pid {st['pid']})")
     for res in ("cpus", "gpus", "memory_mb"):
         print(f"  {res:<10} {st[res]['allocated']}/{st[res]['total']} allocated")
     beyond = st.get("beyond_node") or {}  # an agent of before 0.4 does not say
@@ -56,6 +56,12 @@ def status(layout: Layout, ns: argparse.Namespace) -> int:
             how = "enforced" if cg.get("memory_enforced") else "counted"
             line = f"{cg.get('mode')}, memory {how}"
         print(f"  {'cgroups':<10} {line}")
+    tpl = st.get("template")  # agents before issue 28 do not say
+    if isinstance(tpl, dict):
+        line = f"pid {tpl['pid']}" if tpl.get("pid") else "none running"
+        if tpl.get("down"):
+            line += f" ({tpl['down']})"
+        print(f"  {'template':<10} {line}")
     return 0
 
 

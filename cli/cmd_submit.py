@@ -9,7 +9,7 @@ import time
 from tether.cli.argtypes import ref_args
 from tether.cli.connect import agent_call
 from tether.cli.errors import EXIT_TIMEOUT, EXIT_USAGE, CliError
-from tether.cli.format import exit_status
+from tether.cli.format import exit_status, say
 
 TYPE_CHECKING = False  # typing costs every CLI run ~2 ms: for the type checker only
 if TYPE_CHECKING:
@@ -34,14 +34,10 @@ def submit(layout: Layout, ns: argparse.Namespace) -> int:
     if not command:
         raise CliError("submit: missing the command to run (tether submit [OPTIONS] -- CMD)",
                        EXIT_USAGE)
-    # The submitter's environment, as sbatch's default --export=ALL: the agent adds none of its
-    # own. For another user (root's --user) nothing of root's shell goes along: a plain PATH
-    # and --env only.
-    env = {"PATH": USER_PATH} if ns.user is not None else dict(os.environ)
-    env.update(dict(ns.env))
+    env = environment(ns)
     workdir = os.path.abspath(ns.workdir or os.getcwd())
     args = {"command": command, "cpus": ns.cpus, "gpus": ns.gpus, "memory_mb": ns.memory_mb,
-            "ntasks": ns.ntasks, "workdir": workdir, "env": env, "pmi": ns.pmi,
+            "ntasks": ntasks(ns), "workdir": workdir, "env": env, "pmi": ns.pmi,
             "umask": current_umask()}
     for key in ("name", "output", "error", "user", "time_limit", "array", "dependency",
                 "begin"):
@@ -63,6 +59,33 @@ def submit(layout: Layout, ns: argparse.Namespace) -> int:
     if ns.wait:
         return wait_for(layout, str(job["id"]), None, as_json=ns.json)
     return 0
+
+
+def environment(ns: argparse.Namespace) -> dict[str, str]:
+    """The job's environment: the submitter's, as sbatch's default --export=ALL (the agent adds
+    none of its own), or what --export names; --env on top. For another user (root's --user)
+    nothing of root's shell goes along unless --export names it: a plain PATH and --env."""
+    export = getattr(ns, "export", None)
+    if export is None:
+        export = ("NONE", ()) if ns.user is not None else ("ALL", ())
+    base, names = export
+    env = dict(os.environ) if base == "ALL" else {"PATH": USER_PATH}
+    for name, value in names:
+        if value is not None:
+            env[name] = value
+        elif name in os.environ:  # Slurm's NAME alone: its value here, if it has one
+            env[name] = os.environ[name]
+    env.update(dict(ns.env))
+    return env
+
+
+def ntasks(ns: argparse.Namespace) -> int:
+    """--ntasks, or Slurm's --ntasks-per-node: on one node, both name the number of tasks."""
+    per_node = getattr(ns, "ntasks_per_node", None)
+    if per_node is not None and ns.ntasks is not None and ns.ntasks != per_node:
+        raise CliError(f"submit: --ntasks {ns.ntasks} and --ntasks-per-node {per_node} differ: "
+                       "a job runs on one node, so both are its number of tasks", EXIT_USAGE)
+    return int(ns.ntasks or per_node or 1)
 
 
 def root_owned(layout: Layout) -> None:
@@ -95,7 +118,7 @@ def wait_for(layout: Layout, job: str, timeout: float | None, as_json: bool = Fa
         except CliError as exc:
             # The agent may be restarting: keep waiting (the job does not depend on it).
             if not warned:
-                print(f"tether: {exc}; still waiting", file=sys.stderr)
+                say(f"tether: {exc}; still waiting", file=sys.stderr)
                 warned = True
             time.sleep(min(0.05, max(0.0, left)))
             continue

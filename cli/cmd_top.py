@@ -4,7 +4,8 @@ What it shows: the agent's node and allocations; the running jobs with their CPU
 of one CPU over the last refresh, from the supervisor's ``stats``, as ``inspect --stats``) and
 memory; the pending jobs with why they wait; the last jobs to end. The agent may be down or
 restarting: the view says so and keeps trying. On a terminal it takes the whole screen until
-q or Ctrl-C (or ``--iterations``); elsewhere it prints one plain snapshot per refresh.
+q or Ctrl-C (or ``--iterations``); elsewhere it prints one plain snapshot per refresh. Names,
+users, commands and reasons are the jobs' own: shown as plain text, escaped (``text``).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from tether.cli.format import fmt_exit
 from tether.cli.table import elapsed, label
 from tether.shared.errors import TetherError
 from tether.shared.paths import Layout
+from tether.shared.text import printable
 
 #: running jobs whose supervisors are asked for stats on each refresh (the rest are listed)
 MAX_PROBED = 32
@@ -95,22 +97,30 @@ def mib(kb: Any) -> str:
     return "" if kb is None else f"{int(kb) / 1024:.1f}"
 
 
+def text(value: Any, style: str = "") -> Any:
+    """A cell of text from a job, a user or a daemon: a rich ``Text``, so never read as markup
+    (a name like ``[/x]`` would end a style that never began: rich raises) nor as emoji codes,
+    and with control characters escaped (``printable``), so none reaches the terminal."""
+    from rich.text import Text
+
+    return Text(printable("" if value is None else value), style=style)
+
+
 def render(snap: Snapshot, interval: float) -> Any:
     from rich.console import Group
     from rich.table import Table
-    from rich.text import Text
 
     clock = time.strftime("%H:%M:%S")
     if snap.status is None:
-        return Group(Text(f"tether top  {clock}", style="bold"),
-                     Text(f"{snap.error}; trying again every {interval:g}s", style="red"))
+        return Group(text(f"tether top  {clock}", "bold"),
+                     text(f"{snap.error}; trying again every {interval:g}s", "red"))
     st = snap.status
-    head = Text(f"tether top  {clock}  node {st['node']}  agent {st['version']} "
-                f"(pid {st['pid']})", style="bold")
+    head = text(f"tether top  {clock}  node {st['node']}  agent {st['version']} "
+                f"(pid {st['pid']})", "bold")
     alloc = Table.grid(padding=(0, 2))
     for res, unit in (("cpus", "CPUs"), ("gpus", "GPUs"), ("memory_mb", "MiB memory")):
         used, total = st[res]["allocated"], st[res]["total"]
-        alloc.add_row(Text(f"{used}/{total} {unit} allocated"), bar(used, total))
+        alloc.add_row(text(f"{used}/{total} {unit} allocated"), bar(used, total))
 
     running = Table(title=f"running ({len(snap.running)})", title_justify="left",
                     expand=True, header_style="bold")
@@ -122,9 +132,10 @@ def render(snap: Snapshot, interval: float) -> Any:
     for j in snap.running:
         s = snap.stats.get(j["id"], {})
         pct = s.get("cpu_pct")
-        running.add_row(label(j), j.get("user") or "", j["name"], str(len(j.get("cpus") or [])),
-                        "" if pct is None else f"{pct:.0f}", mib(s.get("rss_kb")),
-                        mib(s.get("peak_rss_kb")), elapsed(j))
+        running.add_row(*map(text, (label(j), j.get("user"), j["name"],
+                                    str(len(j.get("cpus") or [])),
+                                    "" if pct is None else f"{pct:.0f}", mib(s.get("rss_kb")),
+                                    mib(s.get("peak_rss_kb")), elapsed(j))))
 
     pending = Table(title=f"pending ({len(snap.pending)})", title_justify="left", expand=True,
                     header_style="bold")
@@ -132,17 +143,17 @@ def render(snap: Snapshot, interval: float) -> Any:
         pending.add_column(col, justify="right" if col in ("ID", "CPUS") else "left",
                            no_wrap=True, overflow="ellipsis")
     for j in snap.pending:
-        pending.add_row(label(j), j.get("user") or "", j["name"],
-                        str(j["cpus_per_task"] * j["ntasks"]), j.get("reason") or "")
+        pending.add_row(*map(text, (label(j), j.get("user"), j["name"],
+                                    str(j["cpus_per_task"] * j["ntasks"]), j.get("reason"))))
 
     ended = Table(title=f"ended (last {ENDED_SHOWN})", title_justify="left",
                   expand=True, header_style="bold")
     for col in ("ID", "NAME", "STATE", "EXIT", "ELAPSED"):
         ended.add_column(col, no_wrap=True, overflow="ellipsis")
     for j in reversed(snap.ended):
-        ended.add_row(label(j), j["name"], j["state"], fmt_exit(j), elapsed(j))
+        ended.add_row(*map(text, (label(j), j["name"], j["state"], fmt_exit(j), elapsed(j))))
     return Group(head, alloc, running, pending, ended,
-                 Text(f"refreshed every {interval:g}s; q or Ctrl-C quits", style="dim"))
+                 text(f"refreshed every {interval:g}s; q or Ctrl-C quits", "dim"))
 
 
 def bar(used: int, total: int, width: int = 30) -> Any:

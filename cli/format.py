@@ -44,7 +44,7 @@ def print_pairs(rows: Iterable[tuple[str, Any]]) -> None:
 
 
 JOB_FIELDS = ("id", "name", "state", "attempt", "exit_code", "signal", "reason", "time_limit",
-              "dependency", "begin_at", "command",
+              "dependency", "begin_at", "command", "pmi",
               "ntasks", "cpus", "gpus", "memory_mb", "supervisor_pid", "pids", "workdir",
               "output", "error", "submitted_at", "started_at", "ended_at")
 
@@ -59,5 +59,9 @@ def print_job(job: dict[str, Any]) -> None:
             return format_time(job[key])
         if key == "state" and job.get("held") and job["state"] == "pending":
             return "pending (held)"
+        if key == "pmi" and job.get("pmi_unused"):
+            return f"{job['pmi']}, unused: no rank spoke PMI (each ran alone; docs/pmi.md)"
         return job.get(key)
-    print_pairs((key, value(key)) for key in JOB_FIELDS)
+    # the PMI line only for the jobs that asked for PMI
+    print_pairs((key, value(key)) for key in JOB_FIELDS
+                if key != "pmi" or job.get("pmi") not in (None, "none"))

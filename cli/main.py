@@ -76,7 +76,7 @@ def run(argv: list[str]) -> int:
         _finalize = True  # a daemon: its threads, logging and database end the normal way
         assert parser is not None  # the quick parser never takes `agent`
         agentconf.apply(parser.subcommand("agent"), ns, argv)
-        return int(load("cmd_agent:agent")(state_dir(ns), ns))
+        return int(load("cmd_agent:agent")(state_dir(ns), ns, agentconf.rereader(parser, argv)))
     if ns.cmd == "cluster":  # the administrator's: straight to the database, as its owner
         from tether.cli.cluster import admin
 

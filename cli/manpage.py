@@ -56,9 +56,11 @@ def command(c: Command) -> list[str]:
     return out
 
 
-def page(top: argparse.ArgumentParser) -> str:
+def page(top: argparse.ArgumentParser, date: str | None = None) -> str:
+    """The page; ``date`` (YYYY-MM-DD) for its header, else today's (the installed copy,
+    contrib/man/tether.1, keeps the date it was written: scripts/doc_tables.py)."""
     opts, _ = options_of(top)
-    date = time.strftime("%Y-%m-%d", time.gmtime())
+    date = date or time.strftime("%Y-%m-%d", time.gmtime())
     lines = [
         f'.TH TETHER 1 "{date}" "tether {esc(tether.__version__)}" "User Commands"',
         ".SH NAME", "tether \\- run jobs on a node under per\\-step supervisors",
@@ -84,8 +86,9 @@ def page(top: argparse.ArgumentParser) -> str:
               ".SH FILES", ".TP", bold("/etc/tether/agent.toml"),
               esc("the agent's settings (tether agent --help); options on the command line "
                   "override them"),
-              ".SH SEE ALSO", "The documentation in the source: docs/cli.md, "
-              "docs/architecture.md."]
+              ".SH SEE ALSO", "The documentation, installed in share/doc/tether beside "
+              "this page's share/man, and in the source's docs/: cli.md, operations.md, "
+              "architecture.md."]
     return "\n".join(lines) + "\n"
 
 

@@ -15,7 +15,9 @@ from tether.cli.argtypes import (
     begin_time,
     dependency,
     env_pair,
+    export_spec,
     job_ref,
+    mem_size,
     non_negative,
     positive,
     seconds,
@@ -43,24 +45,38 @@ def add_submit(sub: Any) -> None:
              "Queue a job: NTASKS copies of COMMAND, each with its own CPUs. Prints the job id.",
              usage="tether submit [OPTIONS] -- COMMAND [ARG...]",
              epilog=OUTPUT_HELP + "\n\nexamples:\n  tether submit --cpus 2 -- ./prog --in data\n"
-             "  tether submit --ntasks 4 --pmi pmi1 --wait -- ./mpi_prog")
-    s.add_argument("--cpus", type=positive, default=1, metavar="N",
-                   help="CPUs per task (Slurm's --cpus-per-task): the job takes NTASKS x N "
-                   "(default 1)")
-    s.add_argument("--gpus", type=non_negative, default=0, metavar="N",
+             "  tether submit --ntasks 4 --pmi pmi1 --wait -- ./mpi_prog\n"
+             "  tether submit -n 4 -c 2 --mem 4G -t 1:00:00 -J sim -o sim-%j.out -- ./sim")
+    # Slurm's spellings too (sbatch's short options, --job-name, --chdir, --mem, ...): each
+    # one more name of the same option, so a Slurm user's command line means what it meant
+    # there (docs/cli.md, "Slurm's options")
+    s.add_argument("-c", "--cpus", "--cpus-per-task", type=positive, default=1, metavar="N",
+                   help="CPUs per task: the job takes NTASKS x N (default 1)")
+    s.add_argument("-G", "--gpus", type=non_negative, default=0, metavar="N",
                    help="GPUs for the whole job (default 0)")
     s.add_argument("--memory-mb", type=non_negative, default=0, metavar="MB",
                    help="memory for the whole job, in MiB, counted against the node's (default 0)")
-    s.add_argument("--ntasks", type=positive, default=1, metavar="N",
+    s.add_argument("--mem", dest="memory_mb", type=mem_size, default=argparse.SUPPRESS,
+                   metavar="SIZE",
+                   help="as --memory-mb, Slurm's way: N[K|M|G|T] (512M, 4G; no unit: MiB)")
+    s.add_argument("-n", "--ntasks", type=positive, metavar="N",
                    help="tasks (ranks) to start, at most 1024 (default 1)")
-    s.add_argument("--name", metavar="NAME",
+    s.add_argument("--ntasks-per-node", type=positive, metavar="N",
+                   help="Slurm's: on this one node, the number of tasks (as --ntasks, which "
+                   "must then be the same number)")
+    s.add_argument("-J", "--name", "--job-name", metavar="NAME",
                    help="job name, up to 256 characters (default: the command's base name)")
-    s.add_argument("--output", metavar="PATH",
+    s.add_argument("-o", "--output", metavar="PATH",
                    help="file for the tasks' stdout; tokens below (default tether-%%N-%%j.out)")
-    s.add_argument("--error", metavar="PATH",
+    s.add_argument("-e", "--error", metavar="PATH",
                    help="file for the tasks' stderr; tokens below (default: the --output file)")
-    s.add_argument("--workdir", metavar="DIR",
+    s.add_argument("-D", "--workdir", "--chdir", metavar="DIR",
                    help="directory the tasks start in (default: the current directory)")
+    s.add_argument("--export", type=export_spec, metavar="ALL|NONE|LIST",
+                   help="which of your environment the job gets: ALL (the default; with "
+                   "--user: NONE), NONE (only PATH=/usr/local/bin:/usr/bin:/bin), or NAME and "
+                   "NAME=VALUE, comma-separated (only those, plus the rest with ALL in the "
+                   "list); --env on top")
     s.add_argument("--env", type=env_pair, action="append", default=[], metavar="KEY=VALUE",
                    help="set a variable on top of your environment (repeatable)")
     s.add_argument("--user", metavar="NAME",
@@ -68,26 +84,26 @@ def add_submit(sub: Any) -> None:
     s.add_argument("--pmi", choices=["none", "pmi1", "pmi2"], default="none",
                    help="serve PMI to the ranks from the step's supervisor, for MPI programs "
                    "(default none)")
-    s.add_argument("--time", dest="time_limit", type=time_limit, metavar="TIME",
+    s.add_argument("-t", "--time", dest="time_limit", type=time_limit, metavar="TIME",
                    help="time limit: MINUTES, M:S, H:M:S, D-H, D-H:M or D-H:M:S; at the limit "
                    "the tasks get SIGTERM, then SIGKILL after the agent's --cancel-grace, and "
                    "the job ends 'timeout' (default: the agent's --default-time, else none)")
-    s.add_argument("--array", type=array_spec, metavar="SPEC",
+    s.add_argument("-a", "--array", type=array_spec, metavar="SPEC",
                    help="an array: one job per index, shown as ID_INDEX: N-M[:STEP] or "
                    "N,M,... (both mixed), then %%MAX to run at most MAX at once (0-99%%5); "
                    "TETHER_ARRAY_JOB_ID and TETHER_ARRAY_TASK_ID in the environment")
-    s.add_argument("--dependency", type=dependency, metavar="LIST",
+    s.add_argument("-d", "--dependency", type=dependency, metavar="LIST",
                    help="start only after other jobs: afterok:ID[:ID...] (completed), "
                    "afterany:ID (ended), afternotok:ID (ended otherwise), comma-separated, all "
                    "needed; an array's ID means all its elements. One that can no longer be "
                    "met cancels the job (reason DependencyNeverSatisfied)")
-    s.add_argument("--begin", type=begin_time, metavar="TIME",
+    s.add_argument("-b", "--begin", type=begin_time, metavar="TIME",
                    help="start no earlier than TIME (reason BeginTime until then): now+N[s|m|h|"
                    "d] (seconds without a unit), HH:MM[:SS] (today, or tomorrow once past) or "
                    "YYYY-MM-DD[THH:MM[:SS]], local time")
-    s.add_argument("--hold", action="store_true",
+    s.add_argument("-H", "--hold", action="store_true",
                    help="queue the job held: it starts only after 'tether release'")
-    s.add_argument("--wait", action="store_true",
+    s.add_argument("-W", "--wait", action="store_true",
                    help="print the id, wait for the end and exit as 'tether wait' does")
     s.add_argument("--no-requeue", action="store_true",
                    help="on a cluster's node: if the job's node goes down, fail the job instead "

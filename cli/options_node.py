@@ -31,8 +31,9 @@ if TYPE_CHECKING:
 
 def add_agent(sub: Any) -> None:
     a = verb(sub, "agent", "run the node agent in the foreground",
-             "Run the node agent in the foreground. SIGTERM, SIGINT or SIGHUP stop it and leave "
-             "every job running; a restarted agent takes them back.")
+             "Run the node agent in the foreground. SIGTERM or SIGINT stop it and leave every "
+             "job running (a restarted agent takes them back); SIGHUP reloads the settings "
+             "file and applies what can change while it runs (docs/operations.md).")
     a.add_argument("--config", metavar="FILE",
                    help="settings file: KEY = VALUE per option above or below, named without "
                    "the dashes (cpus = 8, cancel-grace = 30); options given here override it "
@@ -84,8 +85,29 @@ def add_agent(sub: Any) -> None:
                    "steps with PMI (all: of every step) load it as XML instead of discovering "
                    "it, ~10 ms of CPU less per MPI rank; off: every rank discovers it "
                    "(default pmi)")
+    a.add_argument("--submit-check-timeout", type=positive_seconds, default=5.0,
+                   metavar="SECONDS",
+                   help="how long the check that a submitting user can enter the working "
+                   "directory and write the outputs (run as that user) may take before it is "
+                   "killed and the submission refused (default 5)")
+    a.add_argument("--pmi-store-mb", type=positive, default=16, metavar="MB",
+                   help="the most memory a step's PMI key-value store may hold, in MiB (each "
+                   "entry counted with its overhead); a put past it is refused (default 16)")
     a.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
                    help="log to stderr from this level on (default INFO)")
+    a.add_argument("--stop-for-good", action="store_true",
+                   help="SIGTERM and SIGINT also end the supervisor template, which otherwise "
+                   "waits --template-linger for a restarted agent (systemctl stop)")
+    a.add_argument("--template-linger", type=positive_seconds, default=300.0,
+                   metavar="SECONDS",
+                   help="how long the supervisor template stays once no agent runs: an agent "
+                   "started again within it finds it warm (default 300)")
+    a.add_argument("--metrics-file", metavar="PATH",
+                   help="write the node's and its jobs' figures there for Prometheus, as a "
+                   "node_exporter textfile (NAME.prom), replaced atomically (default: none)")
+    a.add_argument("--metrics-interval", type=positive_seconds, default=15.0,
+                   metavar="SECONDS", help="time between two writes of --metrics-file "
+                   "(default 15)")
     a.add_argument("--cluster-file", metavar="FILE",
                    help="join a cluster: FILE holds this node's connection string (its own "
                    "database role and password, from `tether cluster add-node`), owned by "

@@ -105,11 +105,46 @@ class Parser(argparse.ArgumentParser):
         raise KeyError(name)
 
 
-def suggest(given: str, names: list[str]) -> str:
-    import difflib  # only for a mistake
+#: what people type for an option tether names otherwise (Slurm's words and common ones),
+#: without the dashes: the first of the targets that the command has is suggested
+MEANINGS: dict[str, tuple[str, ...]] = {
+    **dict.fromkeys(("memory", "ram", "mem-per-node", "memory-per-node", "mem-mb"),
+                    ("mem", "memory-mb")),
+    **dict.fromkeys(("cpu", "ncpus", "cores", "cpus-per-tasks", "threads"), ("cpus",)),
+    **dict.fromkeys(("tasks", "np", "nprocs", "procs", "ranks", "ntask"), ("ntasks",)),
+    **dict.fromkeys(("jobname", "job", "title"), ("job-name", "name")),
+    **dict.fromkeys(("walltime", "wall", "timelimit", "time-limit", "limit", "runtime"),
+                    ("time", "timeout")),
+    **dict.fromkeys(("cwd", "dir", "workingdir", "working-dir", "wd", "directory",
+                     "work-dir"), ("chdir", "workdir")),
+    **dict.fromkeys(("gpu", "gres", "gpus-per-node", "gpus-per-job"), ("gpus",)),
+    **dict.fromkeys(("stdout", "out", "log"), ("output",)),
+    **dict.fromkeys(("stderr", "err"), ("error",)),
+    **dict.fromkeys(("depend", "depends", "after", "deps"), ("dependency",)),
+    **dict.fromkeys(("environment", "setenv", "var"), ("env",)),
+}
 
-    close = difflib.get_close_matches(given, sorted(set(names)), n=1, cutoff=0.6)
-    return f"; did you mean '{close[0]}'?" if close else ""
+
+def suggest(given: str, names: list[str]) -> str:
+    """``; did you mean 'NAME'?`` for the name nearest ``given``, or "". By meaning first (the
+    table above: ``--memory`` is ``--mem``), then by spelling: a name that ``given`` begins
+    (``--cpu``: ``--cpus``, the shortest) or that begins ``given`` up to a dash
+    (``--mem-per-node``: ``--mem``), then difflib's closest, all compared without the dashes
+    (with them, ``--mem`` was nearer ``--time`` than ``--memory-mb``)."""
+    bare = {name.lstrip("-").lower(): name for name in sorted(set(names), key=len)}
+    key = given.lstrip("-").lower()
+    hint = bare.get(key) or next((bare[t] for t in MEANINGS.get(key, ()) if t in bare), None)
+    if hint is None and len(key) >= 2:
+        longer = [n for n in bare if n.startswith(key) and n != key]
+        shorter = [n for n in bare if key.startswith(n + "-")]
+        found = longer[:1] or shorter[-1:]
+        hint = bare[found[0]] if found else None
+    if hint is None:
+        import difflib  # only for a mistake
+
+        close = difflib.get_close_matches(key, list(bare), n=1, cutoff=0.6)
+        hint = bare[close[0]] if close else None
+    return f"; did you mean '{hint}'?" if hint is not None else ""
 
 
 def verb(sub: Any, name: str, help: str, description: str = "", usage: str | None = None,

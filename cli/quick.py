@@ -16,7 +16,8 @@ What it takes, after any number of ``--state-dir DIR`` (or ``--state-dir=DIR``):
   inspect JOB [--pmi|--pids|--stats|--output|--events] [--lines N] [--json]
   cancel JOB...     hold JOB...     release JOB...
   list [--state S] [--user U] [--name N] [--since T] [--format F] [--no-header] [--json]
-  submit [OPTIONS] [--] COMMAND...     every option of submit
+  submit [OPTIONS] [--] COMMAND...     every option of submit, under each of its names
+                                       (Slurm's too: -n 4 or -n=4; not -n4: argparse's)
 each verb with ``--state-dir`` too, options before and after the positionals as argparse
 allows them. Values are converted by the same functions argparse calls (``argtypes``).
 """
@@ -77,6 +78,34 @@ class Verb:
 
 _JSON: dict[str, Option] = {"--json": ("json", FLAG, _text)}
 
+def _names(dest: str, how: str, convert: Callable[[str], Any], *names: str) -> dict[
+        str, Option]:
+    return {name: (dest, how, convert) for name in names}
+
+
+#: submit's options under every name the parser gives them (Slurm's short ones included:
+#: ``-n 4`` and ``-n=4`` as argparse reads them; ``-n4`` is declined, argparse answers)
+_SUBMIT: dict[str, Option] = {
+    **_names("cpus", ONE, argtypes.positive, "-c", "--cpus", "--cpus-per-task"),
+    **_names("gpus", ONE, argtypes.non_negative, "-G", "--gpus"),
+    "--memory-mb": ("memory_mb", ONE, argtypes.non_negative),
+    "--mem": ("memory_mb", ONE, argtypes.mem_size),
+    **_names("ntasks", ONE, argtypes.positive, "-n", "--ntasks"),
+    "--ntasks-per-node": ("ntasks_per_node", ONE, argtypes.positive),
+    **_names("name", ONE, _text, "-J", "--name", "--job-name"),
+    **_names("output", ONE, _text, "-o", "--output"),
+    **_names("error", ONE, _text, "-e", "--error"),
+    **_names("workdir", ONE, _text, "-D", "--workdir", "--chdir"),
+    "--export": ("export", ONE, argtypes.export_spec),
+    "--env": ("env", APPEND, argtypes.env_pair), "--user": ("user", ONE, _text),
+    "--pmi": ("pmi", ONE, _pmi),
+    **_names("time_limit", ONE, argtypes.time_limit, "-t", "--time"),
+    **_names("array", ONE, argtypes.array_spec, "-a", "--array"),
+    **_names("dependency", ONE, argtypes.dependency, "-d", "--dependency"),
+    **_names("begin", ONE, argtypes.begin_time, "-b", "--begin"),
+    **_names("hold", FLAG, _text, "-H", "--hold"), **_names("wait", FLAG, _text, "-W", "--wait"),
+    "--no-requeue": ("no_requeue", FLAG, _text), **_JSON}
+
 VERBS: dict[str, Verb] = {
     "status": Verb(None, _JSON, {"json": False}),
     "show": Verb(JOB, _JSON, {"job": None, "json": False}),
@@ -101,25 +130,12 @@ VERBS: dict[str, Verb] = {
          "no_header": False, "json": False}),
     "hold": Verb(JOBS, {}, {"jobs": None}),
     "release": Verb(JOBS, {}, {"jobs": None}),
-    "submit": Verb(
-        COMMAND,
-        {"--cpus": ("cpus", ONE, argtypes.positive),
-         "--gpus": ("gpus", ONE, argtypes.non_negative),
-         "--memory-mb": ("memory_mb", ONE, argtypes.non_negative),
-         "--ntasks": ("ntasks", ONE, argtypes.positive),
-         "--name": ("name", ONE, _text), "--output": ("output", ONE, _text),
-         "--error": ("error", ONE, _text), "--workdir": ("workdir", ONE, _text),
-         "--env": ("env", APPEND, argtypes.env_pair), "--user": ("user", ONE, _text),
-         "--pmi": ("pmi", ONE, _pmi), "--time": ("time_limit", ONE, argtypes.time_limit),
-         "--array": ("array", ONE, argtypes.array_spec),
-         "--dependency": ("dependency", ONE, argtypes.dependency),
-         "--begin": ("begin", ONE, argtypes.begin_time),
-         "--hold": ("hold", FLAG, _text), "--wait": ("wait", FLAG, _text),
-         "--no-requeue": ("no_requeue", FLAG, _text), **_JSON},
-        {"cpus": 1, "gpus": 0, "memory_mb": 0, "ntasks": 1, "name": None, "output": None,
-         "error": None, "workdir": None, "env": None, "user": None, "pmi": "none",
-         "time_limit": None, "array": None, "dependency": None, "begin": None, "hold": False,
-         "wait": False, "no_requeue": False, "json": False, "command": None}),
+    "submit": Verb(COMMAND, _SUBMIT, {
+        "cpus": 1, "gpus": 0, "memory_mb": 0, "ntasks": None, "ntasks_per_node": None,
+        "name": None, "output": None, "error": None, "workdir": None, "export": None,
+        "env": None, "user": None, "pmi": "none", "time_limit": None, "array": None,
+        "dependency": None, "begin": None, "hold": False, "wait": False, "no_requeue": False,
+        "json": False, "command": None}),
 }
 
 _DIGITS = frozenset("0123456789")

@@ -7,8 +7,10 @@
 #                                  and a venv at .venv with tether and its dependencies
 #   bash scripts/setup.sh --cluster  also postgresql (scripts/demo_cluster.sh starts a throwaway
 #                                  server in a temporary directory)
-#   bash scripts/setup.sh --tests  also what the tests need (scripts/test.sh): pytest, ruff and
-#                                  mypy in .venv, and from Debian mpich, libmpich-dev and
+#   bash scripts/setup.sh --tests  also what the tests need (scripts/test.sh): pytest, ruff,
+#                                  mypy and prometheus_client (its parser reads the agent's
+#                                  metrics file as Prometheus would) in .venv (pyproject's
+#                                  `test` extra), and from Debian mpich, libmpich-dev and
 #                                  libpmi2-0-dev (real MPI and PMI-2 clients for the PMI tests),
 #                                  hwloc-nox (lstopo: the node's topology for MPI ranks),
 #                                  postgresql (the cluster tests' server), zsh (the zsh

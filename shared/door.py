@@ -14,8 +14,10 @@ fails with EMFILE aborts libzmq. On a plain stream socket everything is ours to 
   and per uid, partial-frame bytes per uid, requests in flight per connection, and a request
   rate per uid (a token bucket). Hitting a cap never drops what was asked: the door simply stops
   reading from that connection (the kernel's socket buffer holds the rest) until the peer reads
-  its replies, its requests are answered or the bucket refills. A connection over the
-  connection caps is told so in one error frame (``busy``) and closed.
+  its replies, its requests are answered or the bucket refills. Over its partial-frame cap a
+  uid's connections pause but for the one holding the most of a frame, which is read on to its
+  end; once that frame is taken the others go on: only that uid waits, and never for good. A
+  connection over the connection caps is told so in one error frame (``busy``) and closed.
 - Root and the daemon's own uid are not rate-limited and have their own, larger connection cap,
   so no other user can lock them out.
 - Logs: a bad frame is logged at most once per connection per second, clipped to 200 bytes.
@@ -239,7 +241,7 @@ class Door:
                 conn.inflight += 1
                 self._bad(conn, str(exc), None)
                 conn.closing = True  # the stream cannot be resynchronised: answer, then close
-                self.caps.account(conn.uid, inn=-conn.deframer.buffered)
+                self._taken(conn, conn.deframer.buffered)
                 conn.deframer = framing.Deframer()
                 if not conn.out:
                     self._drop(conn)
@@ -251,7 +253,7 @@ class Door:
             before = conn.deframer.buffered
             payload = conn.deframer.next()
             assert payload is not None
-            self.caps.account(conn.uid, inn=conn.deframer.buffered - before)
+            self._taken(conn, before - conn.deframer.buffered)
             conn.inflight += 1
             try:
                 req = protocol.decode_request(payload)
@@ -263,6 +265,15 @@ class Door:
                 continue
             conn.versions[req.id] = req.v
             self.on_request(conn, req)
+
+    def _taken(self, conn: Conn, size: int) -> None:
+        """``size`` bytes of ``conn``'s buffer are gone (a frame taken or dropped): if its uid
+        was over its partial-frame cap, its paused connections may go on (door_caps.py,
+        ``may_buffer``: the next one to finish is picked, or all once under the cap)."""
+        over = self.caps.over_in(conn.uid)
+        self.caps.account(conn.uid, inn=-size)
+        if over:
+            self._wake_uid(conn.uid)
 
     def _bad(self, conn: Conn, message: str, rid: protocol.RequestId | None,
              exc: TetherError | None = None) -> None:
@@ -342,7 +353,7 @@ class Door:
             return
         mask = _OUT if conn.out else 0
         if (self.caps.may_take(conn) and conn not in self.throttled
-                and self.caps.may_buffer(conn.uid)):
+                and self.caps.may_buffer(conn)):
             if conn.deframer.wanted() > 0 or not conn.deframer.buffered:
                 mask |= _IN
             else:  # a whole frame is waiting: take it in service(), without a read

@@ -102,9 +102,32 @@ class Caps:
                 and conn.out_bytes <= lim.out_per_conn
                 and self.out_by_uid.get(conn.uid, 0) <= lim.out_per_uid)
 
-    def may_buffer(self, uid: int) -> bool:
-        """May more partial frames of ``uid`` be read in?"""
-        return self.in_by_uid.get(uid, 0) <= self.limits.in_per_uid
+    def over_in(self, uid: int) -> bool:
+        """Are ``uid``'s partial frames over its cap?"""
+        return self.in_by_uid.get(uid, 0) > self.limits.in_per_uid
+
+    def may_buffer(self, conn: Conn) -> bool:
+        """May more of ``conn``'s frame be read in? Under its uid's cap, yes. Over it, only
+        for the one connection of that uid the door finishes first (``finisher``): its frame,
+        once whole and taken, gives the space back, and the others go on (door.py wakes them).
+        Pausing them all instead left every frame half-read for good. So a uid holds at most
+        its cap and one frame (and one read per connection), and only that uid waits."""
+        return not self.over_in(conn.uid) or conn is self.finisher(conn.uid)
+
+    def finisher(self, uid: int) -> Conn | None:
+        """The connection of ``uid`` whose frame is read on while the uid is over its cap:
+        the one holding the most of a frame (the oldest of those), or none while a whole frame
+        of the uid waits to be taken (taking it gives space back; reading more would not)."""
+        best: Conn | None = None
+        for conn in self.by_uid.get(uid, ()):
+            if not conn.deframer.buffered or conn.closing:
+                continue
+            if conn.deframer.wanted() <= 0:
+                return None
+            if best is None or (conn.deframer.buffered, -conn.serial) > (
+                    best.deframer.buffered, -best.serial):
+                best = conn
+        return best
 
     def spend(self, uid: int) -> float | None:
         """Take one token from the uid's bucket: None, or (it is empty) when the next one

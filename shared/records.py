@@ -186,7 +186,7 @@ def check_sentinel(path: str, rec: Any) -> dict[str, Any]:
     for name in ("reason", "started_at", "ended_at"):
         if rec.get(name) is not None and not isinstance(rec[name], str):
             raise RecordError(f"{path}: field {name!r} must be text or null")
-    for name in ("core_dumped", "oom"):
+    for name in ("core_dumped", "oom", "pmi_unused"):
         if not isinstance(rec.get(name, False), bool):
             raise RecordError(f"{path}: field {name!r} must be a boolean")
     return rec

@@ -3,7 +3,11 @@
 One connection per request on the template's ``SOCK_SEQPACKET`` socket, one msgpack map each way:
 
     {"op": "hello"}                          -> {"ok": true, "identity": str, "pid": int}
+        optional "agent_lock": str, "linger": float: leave once no agent held that lock for
+        that long (a template started before these ignores them)
     {"op": "exit", "identity": str}          -> {"ok": true}, and the template leaves
+    {"op": "stop"}                           -> {"ok": true}, and the template leaves (its agent
+                                                stopped for good); older ones: refused
     {"op": "spawn", "run_dir": str, "env": {str: str}, "umask": int}
         with SCM_RIGHTS [lock fd, log fd, ready fd] -> {"ok": true, "pid": int}
     anything refused                         -> {"ok": false, "error": str}

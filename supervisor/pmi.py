@@ -76,9 +76,14 @@ from tether.supervisor.pmi_wire import PmiSyntaxError
 
 #: kvsname_max advertised by get_maxes (Hydra's value); jobid and kvsname must fit in it.
 MAX_KVSNAME = 256
-#: Cap on bytes held in the KVS, node attributes and names together: a guard against a runaway
-#: rank, not an accounting (nothing is refunded).
-DEFAULT_MAX_STORE_BYTES = 64 * 1024 * 1024
+#: Cap on the memory the KVS, node attributes and names hold together, each entry counted as its
+#: key's and value's bytes plus ENTRY_OVERHEAD (what Python spends on two strings and a slot of
+#: the table): it lives in the supervisor, a root process outside the step's memory limit, so a
+#: rank must not grow it at will. Nothing is refunded. The agent's ``--pmi-store-mb`` sets it per
+#: step (spec ``pmi_store_bytes``); this is its default.
+DEFAULT_MAX_STORE_BYTES = 16 * 1024 * 1024
+#: bytes one stored entry costs beyond its key and value (CPython 3.11, measured: ~136)
+ENTRY_OVERHEAD = 160
 
 _SAFE_NAME = re.compile(r"[A-Za-z0-9_.:+-]+")
 
@@ -342,6 +347,11 @@ class PmiServer:
         they cause is reported as the step's cause (the first failure's story is told)."""
         if self._failure is None:
             self._failure = reason
+
+    def spoken(self) -> bool:
+        """Has any rank sent its PMI fd a byte? (An MPI without a PMI-1/PMI-2 client never
+        does: each of its ranks runs alone.)"""
+        return any(st.connected for st in self._ranks)
 
     def snapshot(self) -> dict[str, Any]:
         """Plain data for introspection (JSON/msgpack-friendly)."""

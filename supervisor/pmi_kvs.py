@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from tether.supervisor.pmi import (
+    ENTRY_OVERHEAD,
     Abort,
     Broken,
     Finalized,
@@ -41,10 +42,17 @@ def store(
         if old != value:
             raise _Refused(f"{what} key {preview(key)} was already put with another value")
         return
-    if srv._store_bytes + len(key) + len(value) > srv.max_store_bytes:
-        raise _Refused(f"the step's PMI store is full ({srv.max_store_bytes} bytes)")
-    srv._store_bytes += len(key) + len(value)
+    cost = len(key) + len(value) + ENTRY_OVERHEAD
+    if srv._store_bytes + cost > srv.max_store_bytes:
+        raise _Refused(f"{what} put refused: the step's PMI store is full (it may hold "
+                       f"{_size(srv.max_store_bytes)}, each entry counted with "
+                       f"{ENTRY_OVERHEAD} bytes of overhead; agent --pmi-store-mb)")
+    srv._store_bytes += cost
     table[key] = value
+
+
+def _size(n: int) -> str:
+    return f"{n >> 20} MiB" if n >= 1 << 20 and not n & ((1 << 20) - 1) else f"{n} bytes"
 
 
 def put_kvs(srv: PmiServer, key: str, value: str, *, staged: bool) -> None:

@@ -9,6 +9,7 @@ error or a broken collective, each of which fails the step and kills its ranks. 
 from __future__ import annotations
 
 import logging
+import os
 import select
 import signal
 from typing import Any
@@ -73,6 +74,35 @@ class PmiLoop(SupervisorState):
             elif isinstance(o, Finalized):
                 log.debug("rank %d finalized PMI", o.rank)
         self.sync_pmi_registrations()
+
+    def note_pmi_unused(self) -> None:
+        """At the step's end: a PMI step none of whose ranks sent its PMI fd a byte (an MPI
+        without a PMI-1/PMI-2 client, Debian's Open MPI say: each rank ran alone, as rank 0 of
+        1) ends as if all were well. Say so where its user looks first, rank 0's error file,
+        and in the log and the exit record (``pmi_unused``: ``show`` says pmi unused). Not for
+        a step whose launch failed or that was cancelled."""
+        if (self.pmi is None or self.pmi.spoken() or self.step.cancelled
+                or not all(t.pid for t in self.step.tasks)):
+            return
+        self.step.pmi_unused = True
+        log.warning("no rank spoke PMI: each ran alone (an MPI without PMI-1/PMI-2?)")
+        reader = self.launcher.readers.get("stderr")
+        if reader is None:  # its user may not read it: neither may we write it
+            return
+        note = (f"tether: warning: job {self.rd.job} asked for PMI ({self.spec.get('pmi')}), "
+                "but none of its ranks spoke PMI on PMI_FD: each ran alone, as rank 0 of 1. "
+                "Its MPI needs a PMI-1 or PMI-2 client (MPICH, Intel MPI, MVAPICH; not "
+                "Debian's Open MPI, which speaks PMIx only): see docs/pmi.md\n")
+        try:
+            # the file the job's user opened (through its read-only fd: no path is followed),
+            # appended to like the tasks' own writes
+            fd = os.open(f"/proc/self/fd/{reader}", os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+            try:
+                os.write(fd, note.encode())
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            log.warning("cannot write the PMI warning to the error file: %s", exc)
 
     def pmi_failure(self, reason: str, exit_code: int | None) -> None:
         if self.step.force_failure(reason, exit_code):

@@ -151,6 +151,7 @@ class Reaping(SupervisorState):
                 log.warning("the OOM killer took %d process(es) of the step (limit %d MB)",
                             self.cgroup.oom_kills(), self.cgroup.memory_mb)
         self.step.ended_at = rfc3339_now()
+        self.note_pmi_unused()  # in the record too
         self.step.advance(Phase.EXITED)
         self.write_record()
         if self.cgroup.active and not self.cgroup.remove():

@@ -32,7 +32,7 @@ from tether.shared.timers import Timer, Timers
 from tether.supervisor import introspect
 from tether.supervisor.launch import Launcher
 from tether.supervisor.opener import Opener, ThreadOpener
-from tether.supervisor.pmi import Output, PmiServer
+from tether.supervisor.pmi import DEFAULT_MAX_STORE_BYTES, Output, PmiServer
 from tether.supervisor.pmi_io import PmiChannels, clean_env
 from tether.supervisor.step import Step
 from tether.supervisor.sweeper import HOLD, HOLD_SCAN, PROC_SCAN, Scan, Sweeper, children_files
@@ -77,7 +77,9 @@ class SupervisorState:
         self.channels: PmiChannels | None = None
         if spec.get("pmi", "none") != "none":
             self.pmi = PmiServer(size=spec["ntasks"], jobid=f"{rd.job}.{rd.attempt}",
-                                 kvsname=f"tether-{rd.job}.{rd.attempt}")
+                                 kvsname=f"tether-{rd.job}.{rd.attempt}",
+                                 max_store_bytes=int(spec.get("pmi_store_bytes",
+                                                              DEFAULT_MAX_STORE_BYTES)))
             self.channels = PmiChannels(self.pmi)
             self.launcher = Launcher(self.channels.prepare, self.channels.spawned, clean_env)
         else:
@@ -210,6 +212,9 @@ class SupervisorState:
         raise NotImplementedError
 
     def sync_pmi_registrations(self) -> None:
+        raise NotImplementedError
+
+    def note_pmi_unused(self) -> None:
         raise NotImplementedError
 
     # reaping.py

@@ -122,6 +122,8 @@ class Step:
     #: CLOCK_MONOTONIC at the launch, where the time limit counts from (system-wide: it
     #: holds across an upgrade's exec)
     launched_mono: float | None = None
+    #: a PMI step whose ranks all ended without a word of PMI (pmi_loop.py, ``note_pmi_unused``)
+    pmi_unused: bool = False
 
     def __post_init__(self) -> None:
         if not self.tasks:
@@ -209,5 +211,6 @@ class Step:
             reason = self.terminated_by + (f"; {reason}" if reason else "")
         return {"state": state, "launched": True, "exit_code": exit_code, "signal": sig,
                 "oom": self.oom_mb is not None,
+                **({"pmi_unused": True} if self.pmi_unused else {}),
                 "core_dumped": bool(sig is not None and bad is not None and bad.core_dumped),
                 "reason": None if reason is None else bounded(reason)}

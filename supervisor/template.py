@@ -70,9 +70,10 @@ so every task of every user would be mergeable too, a side channel into their me
 ksmd's work on all of it; a mark on mappings ends with the task's exec.
 
 Running supervisors never depend on the template: they share nothing with it after the fork.
-The template leaves when asked (an agent of another code identity replaces it) and when its
-socket path no longer names its socket (the state directory was removed), checked every
-``CHECK_INTERVAL`` seconds while idle.
+The template leaves when asked (an agent of another code identity replaces it; an agent stopped
+with ``--stop-for-good`` asks it to ``stop``), when its socket path no longer names its socket
+(the state directory was removed), and when no agent has run for the linger its agent gave it
+(``agent --template-linger``): checked while idle, template_watch.py.
 """
 
 from __future__ import annotations
@@ -98,11 +99,10 @@ from tether.shared import faults, procid, template_wire
 from tether.shared.template_wire import TemplateError
 from tether.supervisor import atfork, heapfile, hotcode, hotcode_list, ksm, poolfill, typecache
 from tether.supervisor.service import reset_signal_dispositions
+from tether.supervisor.template_watch import AgentWatch, serve_until_leaving
 
 log = logging.getLogger("tether.template")
 
-#: How often an idle template checks that its socket is still the one on disk.
-CHECK_INTERVAL = 30.0
 #: A request must arrive whole within this long after the connection is accepted.
 REQUEST_TIMEOUT = 2.0
 #: Exit status of a forked supervisor that failed before its own ``main`` could report.
@@ -148,7 +148,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--socket", required=True)
     p.add_argument("--ksm", action="store_true",
                    help="its supervisors mark their own copies mergeable (agent --ksm)")
+    p.add_argument("--agent-lock", help="the agent's lock file, to see whether an agent runs")
+    p.add_argument("--linger", type=float, help="leave once no agent ran for this long")
     args = p.parse_args(argv)
+    watch = AgentWatch(args.agent_lock, args.linger)
     global FORK_TWICE
     FORK_TWICE = faults.agent_fault(faults.agent_faults(), "template-forks-twice")
     handler = logging.StreamHandler(sys.stderr)
@@ -206,36 +209,11 @@ def main(argv: list[str] | None = None) -> int:
              "filled, %d of %d type lookups made, %d at-fork hooks emptied; %s)", identity,
              args.socket, packed, filled, warmed, len(hotcode_list.LOOKUPS), max(hooks, 0), heap)
     sys.stderr.flush()
-    sock.settimeout(CHECK_INTERVAL)
-    while True:
-        try:
-            conn, _ = sock.accept()
-        except TimeoutError:
-            if not _still_ours(args.socket, inode):
-                log.info("%s is no longer this template's socket; exiting", args.socket)
-                return 0
-            continue
-        try:
-            if serve(conn, identity) == "exit":
-                log.info("asked to leave by an agent running other code; exiting")
-                with contextlib.suppress(OSError):
-                    if _still_ours(args.socket, inode):
-                        os.unlink(args.socket)
-                return 0
-        except Exception:  # one bad request must not take the template down
-            log.exception("internal error while serving a request")
-        finally:
-            conn.close()
+    return serve_until_leaving(
+        sock, args.socket, inode, watch, lambda conn: serve(conn, identity, watch))
 
 
-def _still_ours(path: str, inode: int) -> bool:
-    try:
-        return os.stat(path).st_ino == inode
-    except OSError:
-        return False
-
-
-def serve(conn: socket.socket, identity: str) -> str:
+def serve(conn: socket.socket, identity: str, watch: AgentWatch | None = None) -> str:
     """Answer one request; return its op."""
     conn.settimeout(REQUEST_TIMEOUT)
     creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
@@ -252,7 +230,11 @@ def serve(conn: socket.socket, identity: str) -> str:
             return "bad"
         op = req.get("op")
         if op == "hello":
+            if watch is not None:  # a kept template takes the linger of the agent keeping it
+                watch.configure(req.get("agent_lock"), req.get("linger"))
             _reply(conn, {"ok": True, "identity": identity, "pid": os.getpid()})
+        elif op == "stop":
+            _reply(conn, {"ok": True})
         elif op == "exit":
             if req.get("identity") == identity:
                 _reply(conn, {"ok": False, "error": "this template runs that very code"})

@@ -82,6 +82,14 @@ ACCEPTED = [
     ["list"], ["list", "--json"], ["list", "--state", "r,PD", "--user=a,b", "--name", "x"],
     ["list", "--since", "2h", "--format", "id,name:30", "--no-header", "--state-dir", "s"],
     ["list", "--since=2026-01-02"], ["submit", "--begin", "now+1h", "x"],
+    # Slurm's spellings (issue 28): short options, aliases, --mem, --export, --ntasks-per-node
+    ["submit", "-n", "4", "-c", "2", "-J", "sim", "-o", "o-%j", "-e", "e", "-t", "1:00", "x"],
+    ["submit", "-D", "/tmp", "--chdir=/", "--job-name", "j", "--cpus-per-task", "3", "x"],
+    ["submit", "--mem", "4G", "x"], ["submit", "--mem=512m", "--memory-mb", "7", "x"],
+    ["submit", "--memory-mb", "7", "--mem", "1T", "--", "x"], ["submit", "-n=4", "x"],
+    ["submit", "--ntasks-per-node", "2", "x"], ["submit", "--export", "NONE", "x"],
+    ["submit", "--export=ALL,A=1,B", "--env", "C=3", "x"], ["submit", "-G", "1", "-H", "-W"],
+    ["submit", "-a", "0-3%1", "-d", "afterany:1", "-b", "now", "x"],
 ]
 
 DECLINED = [
@@ -100,6 +108,10 @@ DECLINED = [
     ["submit", "--pmi", "pmi3", "x"], ["submit", "--env", "1A=2", "x"], ["submit", "-x"],
     ["submit", "--time", "soon", "x"], ["submit", "--cluster", "d", "x"], ["submit", "--wait=1"],
     ["submit", "-5", "x"], ["submit", "--cpus"], ["--state-dir", "-x", "status"],
+    ["submit", "-n4", "x"], ["submit", "-Jname", "x"], ["submit", "-HW", "x"],
+    ["submit", "-H=1", "x"], ["submit", "--mem", "0", "x"], ["submit", "--mem", "4GB", "x"],
+    ["submit", "--export", "ALL,NONE", "x"], ["submit", "--export", "A=1,2", "x"],
+    ["submit", "-n", "-1", "x"], ["submit", "-N", "2", "x"], ["submit", "--nodes", "1", "x"],
 ]
 
 
@@ -144,7 +156,10 @@ OPTIONS: dict[str, list[str]] = {
                "--env=C=3", "--user", "--pmi", "pmi1", "none", "--time", "5", "1-0", "0:30",
                "--array", "1-3", "1,2%1", "--dependency", "afterany:2", "afterok:x", "--begin",
                SOON, "2030-01-02", "--hold", "--wait", "--no-requeue", "--json", "true", "sh", "-c",
-               "--cpu", "--wait=x", "٣"],
+               "--cpu", "--wait=x", "٣", "-n", "-c", "-J", "-o", "-e", "-t", "-D", "-G", "-H",
+               "-W", "-a", "-d", "-b", "-n2", "-n=2", "--mem", "--mem=2G", "4G", "0", "7k",
+               "--ntasks-per-node", "--job-name", "--chdir", "--cpus-per-task", "--export",
+               "ALL", "NONE", "A,B=1", "ALL,NONE", "-N"],
 }
 
 
@@ -194,7 +209,11 @@ def well_formed(rng: random.Random, verb: str) -> list[str]:
         forms += [["--cpus", "3"], ["--env", "K=v"], ["--env=L=w"], ["--name", "a"], ["--wait"],
                   ["--time", rng.choice(["10", "1:00", "2-3"])], ["--pmi", "pmi1"],
                   ["--hold"], ["--json"], ["--gpus=0"], ["--begin", SOON], ["--user", "u"],
-                  ["--array", "0-3%2"], ["--dependency", "afterany:3"], ["--no-requeue"]]
+                  ["--array", "0-3%2"], ["--dependency", "afterany:3"], ["--no-requeue"],
+                  ["-n", "2"], ["-c=2"], ["-J", "j"], ["-t", "5"], ["-D", "/"], ["--mem", "1G"],
+                  ["--ntasks-per-node", rng.choice(["1", "2"])], ["--job-name=k"],
+                  ["--export", rng.choice(["ALL", "NONE", "ALL,K=1", "K,L"])], ["-H"], ["-W"],
+                  ["--chdir", "/tmp"], ["--cpus-per-task", "2"], ["-o", "o"], ["-e", "e"]]
     opts = [o for f in rng.sample(forms, rng.randrange(min(4, len(forms)) + 1)) for o in f]
     positional = quick.VERBS[verb].positional
     if positional == quick.COMMAND:
@@ -202,7 +221,7 @@ def well_formed(rng: random.Random, verb: str) -> list[str]:
     refs = [rng.choice(["1", "42", "3_0", "3_07"]) for _ in range(
         1 if positional == quick.JOB else rng.randrange(1, 4) if positional else 0)]
     at = rng.randrange(len(opts) + 1)
-    while at and opts[at - 1].startswith("--") and "=" not in opts[at - 1] and opts[at - 1] \
+    while at and opts[at - 1].startswith("-") and "=" not in opts[at - 1] and opts[at - 1] \
             not in ("--json", "--pids", "--output", "--events", "--stats", "--pmi"):
         at -= 1  # not between an option and its value
     return argv + opts[:at] + refs + opts[at:]
@@ -287,8 +306,15 @@ def test_jsonout_of_subclasses_and_deep_nesting_is_json_s() -> None:
 
 def test_printable_escapes_what_the_expression_did() -> None:
     """``printable`` escaped with ``re.sub(r"[\\x00-\\x1f\\x7f-\\x9f]", ...)``; a translate
-    table now: every code point gives what it gave."""
+    table now: every code point gives what it gave, but for the invisible characters that
+    reorder or hide text (bidirectional controls, zero-width space, separators...), escaped as
+    ``\\uNNNN`` since issue 27."""
     control = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+    hidden = re.compile("[\u061c\u200b\u200e\u200f\u2028-\u202e\u2060-\u2064\u2066-\u2069"
+                        "\ufeff\ufff9-\ufffb]")
     text = "".join(chr(c) for c in range(0x110000))
-    assert printable(text) == control.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+    want = hidden.sub(lambda m: f"\\u{ord(m.group()):04x}",
+                      control.sub(lambda m: f"\\x{ord(m.group()):02x}", text))
+    assert printable(text) == want
     assert printable(42) == "42"
+    assert printable("rm \u202efdp.exe") == "rm \\u202efdp.exe"

@@ -71,7 +71,7 @@ def test_unknown_option_suggests_a_close_one_of_that_command() -> None:
 
 @pytest.mark.parametrize("argv, prefix", [
     (["submit", "--cpu", "2", "--", "true"], "--cpu"),
-    (["submit", "--mem", "5", "--", "true"], "--mem"),
+    (["submit", "--memory", "5", "--", "true"], "--memory"),  # --mem is an option of its own
     (["list", "--state-d", "/tmp"], "--state-d"),
     (["--state", "/tmp", "status"], "/tmp"),
     (["wait", "1", "--time", "3"], "--time"),

@@ -8,6 +8,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 
@@ -112,13 +113,105 @@ def test_pmi2_client_from_slurms_libpmi2(node: Node, programs: dict[str, str]) -
     assert _lines(j["output"]) == [f"rank {r} of 3 OK jobid={job}.1" for r in range(3)]
 
 
+#: A rank speaking PMI-1 on its PMI_FD by hand: init, 900-byte puts until one is refused, then
+#: a get of its first key and finalize; it prints what it was told.
+PUTTER = r'''
+import os, socket
+s = socket.socket(fileno=int(os.environ["PMI_FD"]))
+buf = b""
+def ask(line):
+    global buf
+    s.sendall(line.encode() + b"\n")
+    while b"\n" not in buf:
+        buf += s.recv(4096)
+    reply, _, buf = buf.partition(b"\n")
+    return reply.decode()
+assert ask("cmd=init pmi_version=1 pmi_subversion=1").endswith("rc=0")
+kvs = ask("cmd=get_my_kvsname").split("kvsname=")[1]
+n = 0
+while n < 100000:
+    last = ask(f"cmd=put kvsname={kvs} key=k{n} value={'v' * 900}")
+    if "rc=0" not in last:
+        break
+    n += 1
+print("puts", n)
+print(last)
+print(ask(f"cmd=get kvsname={kvs} key=k0")[:60])
+print(ask("cmd=finalize"))
+'''
+
+
+def test_a_ranks_puts_past_the_pmi_store_limit_are_refused(make_node: type[Node]) -> None:
+    """The agent's --pmi-store-mb bounds what a step's ranks can make its (root) supervisor
+    hold: a real rank's puts past 1 MiB are refused with a PMI-1 error reply naming the limit,
+    and the rank carries on (its first key is still there) to a clean end."""
+    from tether.supervisor.pmi import ENTRY_OVERHEAD
+
+    node = make_node(extra=["--pmi-store-mb", "1"])
+    node.start()
+    job = node.submit(sys.executable, "-c", PUTTER, opts=("--pmi", "pmi1"))
+    j = node.wait_end(job)
+    assert (j["state"], j["exit_code"]) == ("completed", 0), j
+    with open(j["output"]) as f:
+        puts, refusal, got, fin = f.read().splitlines()[:4]
+    # each entry costs its key, its value and the overhead
+    held = expected = 0
+    while held + len(f"k{expected}") + 900 + ENTRY_OVERHEAD <= 1 << 20:
+        held += len(f"k{expected}") + 900 + ENTRY_OVERHEAD
+        expected += 1
+    assert puts == f"puts {expected}", (puts, expected)
+    assert refusal.startswith("cmd=put_result rc=-1 msg=KVS_put_refused:_the_step's_PMI_store_"
+                              "is_full_(it_may_hold_1_MiB,"), refusal
+    assert got.startswith("cmd=get_result rc=0 msg=success value=vvv"), got
+    assert fin == "cmd=finalize_ack"
+    assert j["pmi_unused"] is False
+
+
 def test_pmi_variables_from_outside_are_cleared(node: Node) -> None:
     node.start()
     job = node.submit("sh", "-c", 'echo "$PMI_PORT|$PMI_RANK|$PMI_SIZE|${PMI_FD:+fd}"',
-                      opts=("--ntasks", "2", "--pmi", "pmi1", "--env", "PMI_PORT=elsewhere:1"))
+                      opts=("--ntasks", "2", "--pmi", "pmi1", "--env", "PMI_PORT=elsewhere:1",
+                            "--error", "err-%j"))
     j = node.wait_end(job)
     assert j["state"] == "completed"
     assert _lines(j["output"]) == ["|0|2|fd", "|1|2|fd"]
+
+
+def test_a_pmi_job_whose_ranks_never_speak_pmi_is_told_so(node: Node) -> None:
+    """As an Open MPI binary under --pmi does (it has no PMI-1/PMI-2 client): every rank runs
+    alone and the job completes. A warning in its error file and ``pmi_unused`` in the job
+    object (``show``: pmi unused) say so; not for a job that spoke PMI, a cancelled one or one
+    without --pmi."""
+    node.start()
+    job = node.submit("sh", "-c", 'echo "rank $PMI_RANK alone"',
+                      opts=("--ntasks", "2", "--pmi", "pmi2", "--error", "err-%j"))
+    j = node.wait_end(job)
+    assert (j["state"], j["exit_code"], j["pmi_unused"]) == ("completed", 0, True), j
+    assert _lines(j["output"]) == ["rank 0 alone", "rank 1 alone"]
+    with open(j["error"]) as f:
+        assert f.read() == (
+            f"tether: warning: job {job} asked for PMI (pmi2), but none of its ranks spoke PMI "
+            "on PMI_FD: each ran alone, as rank 0 of 1. Its MPI needs a PMI-1 or PMI-2 client "
+            "(MPICH, Intel MPI, MVAPICH; not Debian's Open MPI, which speaks PMIx only): see "
+            "docs/pmi.md\n")
+    shown = node.ok("show", str(job)).splitlines()
+    assert "pmi            pmi2, unused: no rank spoke PMI (each ran alone; docs/pmi.md)" in \
+        shown, shown
+    # it used PMI (rank 0's init), or it was cancelled, or it did not ask: nothing to say
+    spoke = node.submit("bash", "-c", 'if [ "$PMI_RANK" = 0 ]; then printf "cmd=init '
+                        'pmi_version=1 pmi_subversion=1\\n" >&$PMI_FD; read -r _ <&$PMI_FD; fi',
+                        opts=("--ntasks", "2", "--pmi", "pmi1"))
+    cancelled = node.submit("sleep", "60", opts=("--pmi", "pmi1"))
+    plain = node.submit("true")
+    node.wait_state(cancelled, ("running",))
+    node.ok("cancel", str(cancelled))
+    for other in (spoke, cancelled, plain):
+        o = node.wait_end(other)
+        assert o["pmi_unused"] is False, o
+        with open(o["error"]) as f:
+            assert "tether: warning" not in f.read()
+    assert not [line for line in node.ok("show", str(plain)).splitlines()
+                if line.startswith("pmi")]
 
 
 def test_a_rank_exiting_0_without_pmi_breaks_the_barrier(node: Node,

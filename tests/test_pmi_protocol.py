@@ -13,7 +13,16 @@ from collections.abc import Sequence
 
 import pytest
 
-from tether.supervisor.pmi import Abort, Broken, Finalized, Output, PmiServer, ProtocolError, Send
+from tether.supervisor.pmi import (
+    ENTRY_OVERHEAD,
+    Abort,
+    Broken,
+    Finalized,
+    Output,
+    PmiServer,
+    ProtocolError,
+    Send,
+)
 from tether.supervisor.pmi_wire import (
     ABSURD_LINE_V1,
     MAX_LINE_V1,
@@ -524,12 +533,25 @@ def test_absurd_pmi1_line_is_a_protocol_error_however_it_arrives(chunk: int) -> 
 
 
 def test_store_budget_refuses_a_runaway_rank() -> None:
-    ranks = Ranks(size=1, max_store_bytes=10)
+    """Each entry costs its bytes and ENTRY_OVERHEAD; past the budget a put is refused in the
+    rank's own protocol, and the rank goes on (its earlier puts are still there)."""
+    budget = 2 * ENTRY_OVERHEAD + 10
+    ranks = Ranks(size=2, max_store_bytes=budget)
     ranks.init1(0)
+    ranks.init2(1)
     assert_replies(replies(ranks.v1(0, "cmd=put key=a value=1234", "cmd=put key=b value=12345")), [
         "cmd=put_result rc=0 msg=success",
-        "cmd=put_result rc=-1 msg=the_step's_PMI_store_is_full_(10_bytes)",
+        f"cmd=put_result rc=-1 msg=KVS_put_refused:_the_step's_PMI_store_is_full_(it_may_hold_"
+        f"{budget}_bytes,_each_entry_counted_with_{ENTRY_OVERHEAD}_bytes_of_overhead;_agent_"
+        "--pmi-store-mb)",
     ])
+    assert_replies(replies(ranks.v2(1, "cmd=kvs-put;key=c;value=1234;",
+                                    "cmd=info-putnodeattr;key=d;value=x;")), [
+        "cmd=kvs-put-response;rc=0;",
+        "cmd=info-putnodeattr-response;rc=-1;errmsg=node attribute put refused: the step's PMI "
+        f"store is full (it may hold {budget} bytes*",
+    ])
+    assert replies(ranks.v1(0, "cmd=get key=a")) == ["cmd=get_result rc=0 msg=success value=1234"]
 
 
 def test_small_vallen_max_is_advertised_and_enforced() -> None:

@@ -41,6 +41,7 @@ CHANGES: list[dict[str, Any]] = [
      "suspended_at": None, "started_at": "2026-12-01T00:00:01.000Z"},
     {"state": "failed", "exit_code": None, "signal": 9, "reason": "killed",
      "core_dumped": 1, "oom": True},
+    {"state": "completed", "exit_code": 0, "pmi_unused": 1},
     {"held": 1, "time_limit": 60.0, "dependency": [["afterok", 3]], "begin_at": 5.0},
     {"array_id": 1, "array_index": 0, "array_max": 2},
     # an identity written in part: job_facts keeps boot and session only with their ticks
@@ -107,7 +108,7 @@ def test_every_field_reads_back_as_written(tmp_path: Any) -> None:
         "gid": 18, "supervisor_boot": "b", "supervisor_session": 19, "core_dumped": True,
         "time_limit": 20.5, "held": True, "dependency": [("afterok", 21)], "array_id": 22,
         "array_index": 23, "array_max": 24, "begin_at": 25.5, "oom": True,
-        "suspended_at": 26.5, "suspended_seconds": 27.5,
+        "suspended_at": 26.5, "suspended_seconds": 27.5, "pmi_unused": True,
     }
     try:
         first = ("name", "command", "state", "cpus_per_task", "ntasks", "gpus_req",

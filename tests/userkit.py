@@ -7,6 +7,7 @@ import os
 import pwd
 import secrets
 import subprocess
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -38,7 +39,16 @@ def made_users(n: int) -> Iterator[list[User]]:
         yield out
     finally:
         for name in made:
-            subprocess.run(["userdel", name], capture_output=True)
+            remove_user(name)
+
+
+def remove_user(name: str, within: float = 10.0) -> None:
+    """``userdel``, again while the user still has processes (exit 8): killed ones of a test
+    may still be zombies waiting for init to reap them, and a user left behind is a leak."""
+    deadline = time.monotonic() + within
+    while subprocess.run(["userdel", name], capture_output=True).returncode == 8 and \
+            time.monotonic() < deadline:
+        time.sleep(0.1)
 
 
 def run_as(user: User, argv: list[str], *, env: dict[str, str] | None = None,
