@@ -14,10 +14,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tether.agent.ledger import Allocation
-from tether.shared import stamps
+from tether.shared import jobstates, stamps
 
-ACTIVE = ("starting", "running")
-FINAL = ("completed", "failed", "cancelled", "lost", "timeout")
+#: the states are shared/jobstates.py's, one table for a node and the cluster; a node's own
+#: jobs end in a step's result (``node_fail`` is the cluster's word for a lost node's job)
+ACTIVE = jobstates.ACTIVE
+FINAL = jobstates.RESULTS
 STATES = ("pending", *ACTIVE, *FINAL)
 
 

@@ -29,6 +29,17 @@ could then stand in for one of ours).
 
 from __future__ import annotations
 
+from tether.shared.jobstates import (
+    ACTIVE,
+    FINAL,
+    MOVES,
+    PENDING,
+    RESULTS,
+    Move,
+    sources,
+    sql_list,
+)
+
 #: SQLSTATE -> tether error code
 ERROR_CODES = {"TT400": "bad_request", "TT403": "permission_denied", "TT404": "not_found",
                "TT409": "state", "TT413": "resources", "TT429": "busy", "TT503": "not_up"}
@@ -202,7 +213,7 @@ DECLARE me text := tether_me();
 BEGIN
   UPDATE tether_nodes SET state = 'down', reason = 'its agent stopped while idle'
    WHERE name = me AND session = p_session AND NOT EXISTS (
-     SELECT 1 FROM tether_jobs WHERE node = me AND state IN ('starting', 'running'));
+     SELECT 1 FROM tether_jobs WHERE node = me AND state IN {active});
   RETURN FOUND;
 END $$;
 
@@ -241,7 +252,7 @@ BEGIN
     UPDATE tether_nodes SET state = 'down', reason = why WHERE name = n.name;
     requeued := '{{}}'; failed := '{{}}';
     FOR j IN SELECT id, attempt, requeue, cancel_requested FROM tether_jobs
-              WHERE node = n.name AND state IN ('starting', 'running') FOR UPDATE LOOP
+              WHERE node = n.name AND state IN {lose_from} FOR UPDATE LOOP
       SELECT * INTO v_state, v_reason FROM tether_lose(j.id, j.attempt, why);
       IF v_state = 'pending' THEN
         requeued := requeued || j.id;
@@ -269,7 +280,7 @@ BEGIN
     v_state := 'pending';
     v_reason := format('requeued after attempt %s: %s', p_attempt, p_why);
   ELSE
-    v_state := 'node_fail'; v_reason := p_why || '; not requeued (--no-requeue)';
+    v_state := {lose_to}; v_reason := p_why || '; not requeued (--no-requeue)';
   END IF;
   IF v_state = 'pending' THEN
     UPDATE tether_jobs SET state = v_state, reason = v_reason, node = NULL, ended_at = NULL
@@ -311,14 +322,14 @@ BEGIN
   IF nd.drain OR nd.login THEN
     RETURN;
   END IF;
-  FOR j IN SELECT * FROM tether_jobs WHERE state = 'pending' AND NOT held ORDER BY id
+  FOR j IN SELECT * FROM tether_jobs WHERE state IN {claim_from} AND NOT held ORDER BY id
            LIMIT 256 FOR UPDATE SKIP LOCKED LOOP
     bad := tether_invalid(j);
     IF bad IS NULL AND j.uid = 0 AND NOT root_ok THEN
       bad := 'root jobs are disabled in this cluster (tether cluster init --root-jobs allow)';
     END IF;
     IF bad IS NOT NULL THEN
-      UPDATE tether_jobs SET state = 'failed', reason = 'cannot run: ' || bad,
+      UPDATE tether_jobs SET state = {invalid_to}, reason = 'cannot run: ' || bad,
              ended_at = tether_now_text() WHERE id = j.id;
       PERFORM pg_notify('tether_job', j.id::text);
       CONTINUE;
@@ -331,7 +342,7 @@ BEGIN
       IF deps = 'waiting' THEN
         CONTINUE;
       ELSIF deps <> 'satisfied' THEN
-        UPDATE tether_jobs SET state = 'cancelled', reason = 'DependencyNeverSatisfied: '
+        UPDATE tether_jobs SET state = {never_to}, reason = 'DependencyNeverSatisfied: '
                || deps, ended_at = tether_now_text() WHERE id = j.id;
         PERFORM pg_notify('tether_job', j.id::text);
         PERFORM pg_notify('tether_queue', '');
@@ -343,7 +354,7 @@ BEGIN
       -- sees the other's claims only once committed: the lock lasts to this transaction's end)
       PERFORM pg_advisory_xact_lock(1952805992, (j.array_id % 2147483647)::integer);
       IF (SELECT count(*) FROM tether_jobs WHERE array_id = j.array_id
-          AND state IN ('starting', 'running')) >= j.array_max THEN
+          AND state IN {active}) >= j.array_max THEN
         CONTINUE;
       END IF;
     END IF;
@@ -356,7 +367,7 @@ BEGIN
     END IF;
     left_c := left_c - need; left_g := left_g - j.gpus_req; left_m := left_m - j.memory_mb;
     att := j.attempt + 1;
-    UPDATE tether_jobs SET state = 'starting', attempt = att, node = me, local_job = NULL,
+    UPDATE tether_jobs SET state = {claim_to}, attempt = att, node = me, local_job = NULL,
            reason = NULL, cpus = '[]', gpus = '[]', pids = '[]', supervisor_pid = NULL,
            started_at = NULL WHERE id = j.id;
     INSERT INTO tether_attempts (job, attempt, node, state) VALUES (j.id, att, me, 'starting');
@@ -369,10 +380,10 @@ CREATE OR REPLACE FUNCTION tether_set_running(p_job bigint, p_attempt integer,
     p_supervisor_pid integer) RETURNS boolean {definer} AS $$
 DECLARE me text := tether_me();
 BEGIN
-  UPDATE tether_jobs SET state = 'running', local_job = p_local_job,
+  UPDATE tether_jobs SET state = {start_to}, local_job = p_local_job,
          started_at = p_started_at, cpus = p_cpus, gpus = p_gpus, pids = p_pids,
          supervisor_pid = p_supervisor_pid
-   WHERE id = p_job AND attempt = p_attempt AND node = me AND state = 'starting';
+   WHERE id = p_job AND attempt = p_attempt AND node = me AND state IN {start_from};
   IF NOT FOUND THEN
     RETURN false;
   END IF;
@@ -387,8 +398,7 @@ CREATE OR REPLACE FUNCTION tether_report(p_job bigint, p_attempt integer, p_resu
     RETURNS text {definer} AS $$
 DECLARE me text := tether_me(); r record; st text := p_result->>'state';
 BEGIN
-  IF st IS NULL OR st NOT IN ('completed', 'failed', 'cancelled', 'timeout', 'lost', 'node_fail')
-  THEN
+  IF st IS NULL OR st NOT IN {results} THEN
     RAISE EXCEPTION 'a result''s state must be a final one, not %', st USING ERRCODE = 'TT400';
   END IF;
   SELECT state, attempt, node INTO r FROM tether_jobs WHERE id = p_job FOR UPDATE;
@@ -396,7 +406,7 @@ BEGIN
     RETURN format('job %s is not in the cluster', p_job);
   END IF;
   IF r.attempt <> p_attempt OR r.node IS DISTINCT FROM me
-     OR r.state NOT IN ('starting', 'running') THEN
+     OR r.state NOT IN {end_from} THEN
     RETURN format('job %s attempt %s is no longer current here (now attempt %s, %s, node %s)',
                   p_job, p_attempt, r.attempt, r.state, r.node);
   END IF;
@@ -433,7 +443,7 @@ BEGIN
          state = CASE WHEN cancel_requested THEN 'cancelled' ELSE 'pending' END,
          node = CASE WHEN cancel_requested THEN node ELSE NULL END, reason = p_why,
          ended_at = CASE WHEN cancel_requested THEN tether_now_text() END
-   WHERE id = p_job AND attempt = p_attempt AND node = me AND state IN ('starting', 'running');
+   WHERE id = p_job AND attempt = p_attempt AND node = me AND state IN {requeue_from};
   hit := FOUND;
   IF hit THEN
     UPDATE tether_attempts SET state = 'lost', reason = p_why, ended_at = clock_timestamp()
@@ -556,7 +566,7 @@ BEGIN
       RETURN format('job %s is unknown', d->>1);
     END IF;
     IF d->>0 = 'afterok' THEN
-      IF st IN ('failed', 'cancelled', 'lost', 'timeout', 'node_fail') THEN
+      IF st IN {unsuccessful} THEN
         RETURN format('afterok:%s, which ended %s', d->>1, st);
       END IF;
       IF st <> 'completed' THEN result := 'waiting'; END IF;
@@ -564,9 +574,9 @@ BEGIN
       IF st = 'completed' THEN
         RETURN format('afternotok:%s, which completed', d->>1);
       END IF;
-      IF st IN ('pending', 'starting', 'running') THEN result := 'waiting'; END IF;
+      IF st IN {unfinished} THEN result := 'waiting'; END IF;
     ELSE  -- afterany
-      IF st IN ('pending', 'starting', 'running') THEN result := 'waiting'; END IF;
+      IF st IN {unfinished} THEN result := 'waiting'; END IF;
     END IF;
   END LOOP;
   RETURN result;
@@ -586,11 +596,11 @@ BEGIN
     RAISE EXCEPTION 'permission denied: ''cancel'' of job % is for its owner (%) and root only '
       '(you are uid %)', p_job, r.username, p_uid USING ERRCODE = 'TT403';
   END IF;
-  IF r.state NOT IN ('pending', 'starting', 'running') THEN
+  IF r.state NOT IN {cancellable} THEN
     RAISE EXCEPTION 'job % has already ended (%)', p_job, r.state USING ERRCODE = 'TT409';
   END IF;
-  IF r.state = 'pending' THEN
-    UPDATE tether_jobs SET state = 'cancelled', reason = 'cancelled while pending',
+  IF r.state IN {cancel_from} THEN
+    UPDATE tether_jobs SET state = {cancel_to}, reason = 'cancelled while pending',
            ended_at = tether_now_text(), cancelled_by = format('uid %s on node %s', p_uid, me)
      WHERE id = p_job;
   ELSE
@@ -598,7 +608,7 @@ BEGIN
            cancelled_by = format('uid %s on node %s', p_uid, me) WHERE id = p_job;
   END IF;
   PERFORM pg_notify('tether_job', p_job::text);
-  RETURN CASE WHEN r.state = 'pending' THEN 'cancelled' ELSE r.state END;
+  RETURN CASE WHEN r.state IN {cancel_from} THEN {cancel_to} ELSE r.state END;
 END $$;
 
 CREATE OR REPLACE FUNCTION tether_hold(p_job bigint, p_uid integer, p_held boolean)
@@ -615,7 +625,7 @@ BEGIN
       '(you are uid %)', CASE WHEN p_held THEN 'hold' ELSE 'release' END, p_job, r.username,
       p_uid USING ERRCODE = 'TT403';
   END IF;
-  IF r.state <> 'pending' THEN
+  IF r.state NOT IN {hold_from} THEN
     RAISE EXCEPTION 'job % is %: only a pending job can be %', p_job, r.state,
       CASE WHEN p_held THEN 'held' ELSE 'released' END USING ERRCODE = 'TT409';
   END IF;
@@ -720,6 +730,28 @@ READABLE_JOB_COLUMNS = (
 TABLES = ("tether_meta", "tether_nodes", "tether_jobs", "tether_attempts", "tether_asks")
 
 
+def state_words() -> dict[str, str]:
+    """The states each function's guards name, from the one table (shared/jobstates.py)."""
+    def to(move: Move) -> str:
+        target = MOVES[move][1]
+        assert target is not None
+        return f"'{target}'"
+    return {
+        "active": sql_list(ACTIVE), "results": sql_list(RESULTS),
+        "unsuccessful": sql_list(tuple(s for s in FINAL if s != "completed")),
+        "unfinished": sql_list((PENDING, *ACTIVE)),
+        "claim_from": sql_list(sources(Move.CLAIM)), "claim_to": to(Move.CLAIM),
+        "start_from": sql_list(sources(Move.START)), "start_to": to(Move.START),
+        "end_from": sql_list(sources(Move.END)),
+        "requeue_from": sql_list(sources(Move.REQUEUE)),
+        "lose_from": sql_list(sources(Move.LOSE)), "lose_to": to(Move.LOSE),
+        "cancel_from": sql_list(sources(Move.CANCEL)), "cancel_to": to(Move.CANCEL),
+        "cancellable": sql_list(sources(Move.CANCEL) + sources(Move.ASK_CANCEL)),
+        "never_to": to(Move.NEVER), "invalid_to": to(Move.INVALID),
+        "hold_from": sql_list(sources(Move.HOLD)),
+    }
+
+
 def functions_sql(schema_ident: str) -> str:
     """The functions' text for tables in the schema ``schema_ident`` (already quoted): each
     dropped first, so that a function whose result type changed is made anew."""
@@ -727,7 +759,7 @@ def functions_sql(schema_ident: str) -> str:
                     for name, args in NODE_FUNCTIONS + INTERNAL_FUNCTIONS)
     kinds = "(" + ", ".join(f"'{k}'" for k in ASK_KINDS) + ")"
     return drops + FUNCTIONS.format(schema=schema_ident, definer=_DEF.format(schema=schema_ident),
-                                    ask_kinds=kinds, max_asks=MAX_ASKS)
+                                    ask_kinds=kinds, max_asks=MAX_ASKS, **state_words())
 
 
 def privileges_sql(group_ident: str) -> list[str]:

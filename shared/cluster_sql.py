@@ -18,6 +18,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from tether.shared import jobstates
+
 SCHEMA_VERSION = 2
 
 #: Key of ``pg_advisory_xact_lock`` taken by ``cluster init`` (so two inits do not race).
@@ -38,8 +40,8 @@ CHANNEL_ASK = "tether_ask"
 #: payload an ask's id: it was answered
 CHANNEL_ANSWER = "tether_answer"
 
-ACTIVE = ("starting", "running")
-FINAL = ("completed", "failed", "cancelled", "lost", "timeout", "node_fail")
+#: the states and their moves are shared/jobstates.py's (one table for a node and the cluster)
+ACTIVE, FINAL = jobstates.ACTIVE, jobstates.FINAL
 
 MIGRATIONS: dict[int, str] = {
     1: """
