@@ -183,16 +183,33 @@ class ClusterRequests:
                                                else DEFAULT_OUTPUT)
         error = sub["error"] or output
 
-        def call(conn: cluster_db.Conn) -> Any:
-            user = submitter(peer, sub["user"])  # NSS may be slow: here, not on the loop
-            # %j, %A and %a once the ids are given; %N when a node claims it
+        def check(deadline: float, timeout: float) -> users.User:
+            """As on one node (checks.py: a thread of its own, bounded per user and in time):
+            who the user is, and whether she can enter the workdir and write the outputs."""
+            user = submitter(peer, sub["user"])
             values = {"x": sub["name"], "u": user.name}
             probe = [outpattern.for_job(p, dict(values, j="0", A="0", a="0"))
                      for p in (output, error)]
             if user.uid == os.geteuid():
                 users.check_own_access(workdir, probe)
             else:
-                users.check_access(user, workdir, probe)
+                users.check_access(user, workdir, probe, timeout=timeout, deadline=deadline)
+            return user
+
+        def checked(user: users.User | None, exc: BaseException | None) -> None:
+            if peer.closed:
+                return
+            if exc is not None or user is None:
+                self.answer(peer, req.id, None, exc or TetherError("internal error"))
+                return
+            try:
+                self.run(peer, req.id, lambda conn: call(conn, user))
+            except TetherError as err:  # the worker's queue is full
+                self.answer(peer, req.id, None, err)
+
+        def call(conn: cluster_db.Conn, user: users.User) -> Any:
+            # %j, %A and %a once the ids are given; %N when a node claims it
+            values = {"x": sub["name"], "u": user.name}
             fields = {"name": sub["name"], "command": sub["command"],
                       "cpus_per_task": sub["cpus"], "ntasks": sub["ntasks"],
                       "gpus_req": sub["gpus"], "memory_mb": sub["memory_mb"],
@@ -206,7 +223,8 @@ class ClusterRequests:
                 v = dict(values, j=str(job), A=str(first or job), a=str(index or 0))
                 return outpattern.for_job(output, v), outpattern.for_job(error, v)
             return cluster_db.submit(conn, fields, expand)
-        return self.run(peer, req.id, call)
+        self.agent.checks.start(peer, sub["user"], check, checked)
+        return PENDING
 
     def list_jobs(self, peer: Conn, req: protocol.Request) -> Any:
         check_known(req.args, req.kind, ("after", "limit", "local"))

@@ -317,3 +317,54 @@ def test_a_malformed_row_fails_alone(cluster: Cluster) -> None:
     later = [cluster.submit("true") for _ in range(3)]
     for job in later:
         assert cluster.wait_job(job, lambda j: j["state"] == "completed", "done")
+
+
+def test_a_users_stopped_check_never_holds_up_the_clusters_requests(
+        cluster: Cluster, users: list[User]) -> None:
+    """A cluster submission's check as its user runs as on one node (agent/checks.py): on a
+    thread of its own, bounded; a user who stops hers holds up no one else's requests."""
+    import threading
+
+    from tests.helpers import foreign_python
+    from tests.test_submit_checks import STOPPER, check_shells
+
+    alice, bob = users
+    (login,) = cluster.agents("l0", login=("l0",))
+    cluster.agents("n0")
+    shared(login)
+    python, penv = foreign_python()
+    stopper = subprocess.Popen([*python, "-c", STOPPER, "1", "60"], user=alice.uid,
+                               group=alice.gid, extra_groups=[], cwd="/", text=True,
+                               env=dict(penv, PATH="/usr/bin:/bin"), stdout=subprocess.PIPE)
+    stop = threading.Event()
+
+    def alice_submits() -> None:  # until one of her check shells is caught and stopped
+        while not stop.is_set():
+            cli_as(alice, login, "submit", "--hold", "--", "true", cwd=cluster.work)
+    loops = [threading.Thread(target=alice_submits) for _ in range(3)]
+    try:
+        for t in loops:
+            t.start()
+        assert stopper.stdout is not None
+        assert stopper.stdout.readline().startswith("stopped")
+        res = cli_as(bob, login, "submit", "--", "true", cwd=cluster.work)
+        assert res.returncode == 0, res.stderr
+        assert cli_as(bob, login, "list").returncode == 0
+        stopped = [p for p in check_shells(alice.uid) if _state(p) == "T"]
+        assert stopped, "bob was answered only once alice's stopped check was killed"
+        cluster.wait_job(int(res.stdout), lambda j: j["state"] == "completed", "bob's job")
+    finally:
+        stop.set()
+        for t in loops:
+            t.join(timeout=60)
+        if stopper.poll() is None:
+            stopper.kill()
+        stopper.communicate()
+
+
+def _state(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0]
+    except OSError:
+        return ""
