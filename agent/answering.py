@@ -61,6 +61,7 @@ def add_waiter(agent: Agent, job_id: int, conn: Conn, rid: protocol.RequestId,
 
 
 def job_ended(agent: Agent, job: Job) -> None:
+    agent.purge.soon()  # its user may keep fewer ended jobs than she now has (retention.py)
     if agent.cluster is not None:
         agent.hold(functools.partial(agent.cluster.job_ended, job))
     for p in agent.waiters.take(job.id):

@@ -22,12 +22,13 @@ from typing import TYPE_CHECKING, Any
 import msgpack
 
 import tether
-from tether.agent import fallback, users
+from tether.agent import acct, batch, fallback, retention, users
 from tether.agent.job import ACTIVE, FINAL, Job
 from tether.agent.ledger import Request as ResourceRequest
 from tether.agent.request_args import (
     abs_path_arg,
     array_arg,
+    batch_args,
     expand_paths,
     index_arg,
     one_job,
@@ -38,7 +39,7 @@ from tether.agent.request_args import (
     task_paths,
 )
 from tether.agent.schema import SCHEMA_VERSION
-from tether.shared import protocol, records
+from tether.shared import jobopts, protocol, records
 from tether.shared.door_conn import Conn
 from tether.shared.errors import BadRequest, ResourceError, StateError, TetherError, UnknownKind
 from tether.shared.protocol import arg_int, arg_number, arg_str, arg_str_list, check_known
@@ -88,6 +89,9 @@ def status(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
     out["db_syncs"] = agent.db.syncs  # group commit: fsyncs of the database so far
     out["hwloc_xml"] = agent.topology.ready  # None until gathered, or when off or failed
     out["template"] = agent.spawner.template.status()  # its pid: what an admin looks for
+    out["subuid"] = agent.persons.status()  # whose subordinate uids count as whose
+    if agent.door is not None:  # connections held, refused, closed to make room
+        out["door"] = agent.door.stats()
     if agent.cluster is not None:
         out["cluster"] = {"node": agent.cluster.info.name, "state": agent.cluster.state,
                           "login": agent.cluster.info.login}
@@ -148,7 +152,8 @@ def submit(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
     if args.get("requeue") is not None:
         raise BadRequest("--no-requeue applies to cluster jobs: this agent is no cluster's "
                          "member")
-    sub = submission_args(args, req.kind, extra=("requeue",))
+    sub = submission_args(args, req.kind, extra=("requeue", "script", "slurm_env"))
+    script, slurm_env = batch_args(args)  # a batch script's copy; Slurm's variable names
     command, cpus, gpus, memory, ntasks, umask, workdir, env, name, pmi, output, error, \
         user_name = (sub[k] for k in ("command", "cpus", "gpus", "memory_mb", "ntasks", "umask",
                                       "workdir", "env", "name", "pmi", "output", "error",
@@ -163,6 +168,8 @@ def submit(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
     # once the user's side checked out: a refused job, or one whose submitter went away
     # meanwhile, leaves no trace. An array reserves one id per element, consecutive.
     count = len(indices) if indices else 1
+    # her pending jobs' limit, refused at once where she is the caller (retention.py)
+    retention.check_queued(agent, peer.uid if user_name is None else None, count)
     job_id = agent.reserve_id(count)
     ids = range(job_id, job_id + count)
     node = agent.cfg.node
@@ -201,18 +208,27 @@ def submit(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
         try:
             agent.db.begin()
             try:
+                # the array's variables are the job's own: none inherited from the submitter
+                # (a job submitted from inside an array element is no element itself)
+                facts = jobopts.array_facts(indices) if indices else {}
+                own = {k: v for k, v in env.items() if not k.startswith("TETHER_ARRAY_")}
+                # her limits (pending jobs, her share of the state directory): retention.py
+                retention.admit(agent, user.uid, user.name, count, retention.record_size(
+                    command, {**own, **facts}, name, workdir, names))
                 for k, i in enumerate(ids):
                     out, err = names[k]
                     agent.db.insert(
                         id=i, name=name, command=command, state="pending", cpus_per_task=cpus,
                         ntasks=ntasks, gpus_req=gpus, memory_mb=memory, output=out, error=err,
-                        workdir=workdir, env=env, submitted_at=now, pmi=pmi,
+                        workdir=workdir, env={**own, **facts}, submitted_at=now, pmi=pmi,
                         user=user.name, uid=user.uid, gid=user.gid)
                     agent.db.set_umask(i, umask)
                     element = ({"array_id": array_id, "array_index": indices[k],
                                 "array_max": array_max} if indices else {})
                     if sched or element:
                         agent.db.set_sched(i, **sched, **element)
+                if script is not None or slurm_env:  # one row for all the elements
+                    batch.record(agent.db, job_id, count, script, slurm_env)
                 agent.db.commit()
             except BaseException:
                 agent.db.rollback()
@@ -245,6 +261,48 @@ def list_jobs(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
             return {"jobs": out, "more": True}
         out.append(pub)
     return {"jobs": out, "more": len(jobs) > limit}
+
+
+def acct_jobs(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
+    """A page of the accounting history (agent/acct.py), filtered here: ``jobs`` ([ID, INDEX
+    or None], ...), ``users``, ``states``, ``names`` (lists), ``since``/``until`` (epoch
+    seconds), ``mine`` (the caller's own jobs, by the kernel's uid of the connection)."""
+    args = req.args
+    check_known(args, req.kind, ("after", "limit", "jobs", "users", "states", "names", "since",
+                                 "until", "mine"))
+    after = arg_int(args, "after", default=0, minimum=0)
+    limit = arg_int(args, "limit", default=LIST_PAGE, minimum=1, maximum=LIST_PAGE)
+    refs = None
+    if args.get("jobs") is not None:
+        jobs = args["jobs"]
+        if not isinstance(jobs, list) or len(jobs) > 1000 or not all(
+                isinstance(r, list) and len(r) == 2 and isinstance(r[0], int)
+                and not isinstance(r[0], bool) and (r[1] is None or isinstance(r[1], int)
+                                                    and not isinstance(r[1], bool))
+                for r in jobs):
+            raise BadRequest("argument 'jobs' must be a list of [ID, INDEX or null]")
+        refs = [(int(r[0]), None if r[1] is None else int(r[1])) for r in jobs]
+    lists = {key: None if args.get(key) is None else arg_str_list(args, key, max_items=1000)
+             for key in ("users", "states", "names")}
+    since = None if args.get("since") is None else arg_number(args, "since", default=0.0,
+                                                              maximum=1e11)
+    until = None if args.get("until") is None else arg_number(args, "until", default=0.0,
+                                                              maximum=1e11)
+    mine = args.get("mine", False)
+    if not isinstance(mine, bool):
+        raise BadRequest("argument 'mine' must be true or false")
+    rows = acct.query(agent.db, after=after, limit=limit + 1, refs=refs, users=lists["users"],
+                      states=lists["states"], names=lists["names"], since=since, until=until,
+                      uid=peer.uid if mine else None)
+    out: list[dict[str, Any]] = []
+    size = 0
+    for row in rows[:limit]:
+        pub = acct.public(row, agent.cfg.node)
+        size += len(msgpack.packb(pub))
+        if out and size > LIST_PAGE_BYTES:
+            return {"jobs": out, "more": True}
+        out.append(pub)
+    return {"jobs": out, "more": len(rows) > limit}
 
 
 def show(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
@@ -403,6 +461,7 @@ HANDLERS: dict[str, Handler] = {
     "release": release,
     "suspend": suspend,
     "resume": resume,
+    "acct": acct_jobs,
 }
 
 

@@ -7,7 +7,8 @@ working directory and write the outputs, asked of the kernel by a short /bin/sh 
 of hers that hangs. So no check may hold up anyone else's:
 
 - every check of a user's job runs on a thread of its own, never behind another user's;
-- at most ``PER_USER`` are in flight per (caller, user the job runs as), ``TOTAL`` in all for
+- at most ``PER_USER`` are in flight per (caller, user the job runs as; a caller is a person:
+  a login with its subordinate uids, shared/door_caps.py), ``TOTAL`` in all for
   callers other than root and the agent's own uid (whose own have ``PER_PRIVILEGED``); past
   either the submission is refused at once with ``busy`` (to that caller only, for the first);
 - a check has a deadline (``agent --submit-check-timeout``): past it users.py kills the check's
@@ -71,7 +72,7 @@ class Checks:
             self.offload.submit(lambda: check(time.monotonic() + timeout, timeout), done,
                                 "submissions")
             return
-        key = (peer.uid, user_name)
+        key = (peer.person, user_name)  # a login and its subordinate uids: one person
         held = self.by_key.get(key, 0)
         cap = PER_PRIVILEGED if privileged else PER_USER
         if held >= cap:

@@ -31,6 +31,25 @@ class ServiceConfig:
 
 
 @dataclass
+class UserLimits:
+    """What one user may hold of the node (issue 27): Slurm's MaxSubmitJobs and MaxJobs, the
+    fair-share decay, and how long and how many of her ended jobs the jobs table keeps."""
+
+    #: pending jobs per user, array elements each counted (``--max-queued-per-user``; 0: none)
+    max_queued: int = 1000
+    #: jobs holding resources per user (``--max-running-per-user``; 0: none)
+    max_running: int = 1000
+    #: MiB of the state directory one user's job records may take (``--max-user-records-mb``)
+    max_records_mb: int = 64
+    #: the half-life of the usage fair share orders by, seconds (``--fairshare-half-life``)
+    half_life: float = 7 * 86400.0
+    #: ended jobs stay in the jobs table this long (``--keep-ended``, days) ...
+    keep_ended_days: float = 7.0
+    #: ... and at most this many of each user's (``--keep-ended-count``)
+    keep_ended_count: int = 1000
+
+
+@dataclass
 class AgentConfig:
     state_dir: str
     cpu_ids: list[int]
@@ -59,6 +78,8 @@ class AgentConfig:
     pmi_store_mb: int = 16
     #: the template's end, the metrics (above)
     service: ServiceConfig = field(default_factory=ServiceConfig)
+    #: per-user limits, fair share, retention (above)
+    limits: UserLimits = field(default_factory=UserLimits)
 
 
 class AgentError(Exception):

@@ -59,7 +59,9 @@ from tether.agent.lifecycle_events import Event, LockHeld
 from tether.agent.link import Link
 from tether.agent.metrics import Metrics
 from tether.agent.offload import Offload
+from tether.agent.persons import Persons
 from tether.agent.poller import Poller
+from tether.agent.retention import Purge, Tally
 from tether.agent.scheduler import Scheduler
 from tether.agent.spawn import Spawner
 from tether.agent.syncer import Syncer
@@ -110,6 +112,11 @@ class Agent:
         self.offload = Offload()
         #: submissions' checks, each on a thread of its own, bounded per user (checks.py)
         self.checks = Checks(self.offload, self.timers, cfg.submit_check_timeout)
+        #: who counts as whom at the door: a login with its subordinate uids (persons.py)
+        self.persons = Persons(self)
+        #: each user's bytes of job records, and the purge of ended jobs (retention.py)
+        self.tally = Tally()
+        self.purge = Purge(self)
         #: the node's hwloc XML for MPI ranks, gathered once the agent serves
         self.topology = Topology(self.layout.topology, cfg.hwloc_xml,
                                  missing=agent_fault(cfg.faults, "no-lstopo"))
@@ -228,10 +235,13 @@ class Agent:
             if self.cluster_requests is not None:
                 self.cluster_requests.start()
             self.door = Door(self.layout.sock, self.timers, self.on_request, name="agent door",
-                             log=log, on_close=self.on_door_close)
+                             log=log, on_close=self.on_door_close,
+                             persons=self.persons.person)
             self.poller.register(self.door.fileno(), zmq.POLLIN)
             self.poller.register(self.offload.fileno(), zmq.POLLIN)
             self.poller.register(self.syncer.fileno(), zmq.POLLIN)
+            self.persons.start()
+            self.purge.start()
             if self.cfg.hwloc_xml != "off":
                 self.offload.aside(self.topology.gather, self.topology.gathered,
                                    "tether-topology")
@@ -265,6 +275,8 @@ class Agent:
             link.close()
         if self.door is not None:
             self.door.close()  # unlinks the socket only if it is still the one it bound
+        self.persons.stop()
+        self.purge.stop()
         self.offload.close()
         self.checks.close()
         self.contain.stop()

@@ -280,19 +280,34 @@ class Store:
             f"{SELECT} WHERE jobs.state = 'pending' ORDER BY jobs.id LIMIT 1").fetchone()
         return None if row is None else from_row(row)
 
-    def queue(self, after: int, limit: int) -> list[Queued]:
-        """Up to ``limit`` pending jobs after id ``after``, in queue order, with only what the
+    def queue(self, after: int, limit: int, uid: int | None | bool = True) -> list[Queued]:
+        """Up to ``limit`` pending jobs after id ``after``, in id order (of one user's, ``uid``:
+        None for jobs recorded before users existed; True: everyone's), with only what the
         scheduler reads (a pass over hundreds of jobs decodes no environments)."""
+        mine = "" if uid is True else "AND jobs.uid IS ? "
         rows = self.conn.execute(
             "SELECT jobs.id, jobs.cpus_per_task * jobs.ntasks, jobs.gpus_req, jobs.memory_mb, "
             "s.time_limit, COALESCE(s.held, 0), s.dependency, s.array_id, s.array_max, "
             "s.begin_at "
             "FROM jobs LEFT JOIN job_sched s ON s.id = jobs.id "
-            "WHERE jobs.state = 'pending' AND jobs.id > ? ORDER BY jobs.id LIMIT ?",
-            (after, limit))
+            f"WHERE jobs.state = 'pending' {mine}AND jobs.id > ? ORDER BY jobs.id LIMIT ?",
+            (after, limit) if uid is True else (uid, after, limit))
         return [Queued(r[0], r[1], r[2], r[3], r[4], bool(r[5]),
                        [(k, j) for k, j in json.loads(r[6] or "[]")], r[7], r[8], r[9])
                 for r in rows]
+
+    def pending_users(self) -> list[tuple[int | None, int, int]]:
+        """Every user with pending jobs: (uid, how many, the first one's id); through the index
+        of pending jobs by user (schema 10)."""
+        return [(r[0], int(r[1]), int(r[2])) for r in self.conn.execute(
+            "SELECT uid, COUNT(*), MIN(id) FROM jobs WHERE state = 'pending' GROUP BY uid")]
+
+    def count_of(self, uid: int | None, *states: str) -> int:
+        """How many jobs of ``uid`` are in ``states``."""
+        marks = ", ".join("?" for _ in states)
+        row = self.conn.execute(f"SELECT COUNT(*) FROM jobs WHERE uid IS ? AND state IN "
+                                f"({marks})", (uid, *states)).fetchone()
+        return int(row[0])
 
     def states_of(self, ids: set[int]) -> dict[int, str]:
         """The states of these jobs (unknown ones left out)."""

@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from tether.agent import fallback, lifecycle, lifecycle_effects, lifecycle_events
+from tether.agent import acct, fallback, lifecycle, lifecycle_effects, lifecycle_events
 from tether.agent.db import StoreFull
 from tether.agent.follow import RETRY_UNRESPONSIVE
 from tether.agent.job import Job
@@ -184,7 +184,19 @@ def finalize(agent: Agent, job_id: int, fin: lifecycle_effects.Finalize) -> Job:
         fields["suspended_seconds"] = job.suspended_total(time.time())
     if fin.started_at and not job.started_at:
         fields["started_at"] = fin.started_at
-    job = agent.db.change(job, **fields)
+    # the accounting history's row in the same transaction: both, or neither (acct.py)
+    own = not agent.db.conn.in_transaction
+    if own:
+        agent.db.begin()
+    try:
+        job = agent.db.change(job, **fields)
+        acct.record(agent.db, job, fin.usage)
+        if own:
+            agent.db.commit()
+    except BaseException:
+        if own:
+            agent.db.rollback()
+        raise
     log.info("job %d attempt %d %s: exit_code=%s signal=%s%s", job.id, job.attempt,
              fin.state, fin.exit_code, fin.signal, f" ({fin.reason})" if fin.reason else "")
     return job

@@ -23,7 +23,7 @@ import signal
 from typing import Any
 
 from tether.agent.job import Job
-from tether.agent.lifecycle_events import Lost, NeverRan, Result, Verdict
+from tether.agent.lifecycle_events import Lost, NeverRan, Result, Usage, Verdict
 from tether.shared import records
 from tether.shared.paths import RunDir
 from tether.shared.procid import ProcId, all_processes, boot_id, proc_stat
@@ -92,7 +92,28 @@ def _from_sentinel(rec: dict[str, Any]) -> Verdict:
     return Result(state=rec["state"], exit_code=rec.get("exit_code"), signal=rec.get("signal"),
                   reason=rec.get("reason"), started_at=rec.get("started_at"),
                   ended_at=rec.get("ended_at"), core_dumped=bool(rec.get("core_dumped")),
-                  oom=rec.get("oom") is True, pmi_unused=rec.get("pmi_unused") is True)
+                  oom=rec.get("oom") is True, pmi_unused=rec.get("pmi_unused") is True,
+                  usage=usage_of(rec.get("usage")))
+
+
+def usage_of(value: Any) -> Usage | None:
+    """The exit record's ``usage`` (what the step used), or None: absent (a supervisor before
+    it), or not as written (a figure that is no number is left out, never the result)."""
+    if not isinstance(value, dict):
+        return None
+
+    def number(key: str) -> float | None:
+        v = value.get(key)
+        if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v < 1e15:
+            return None
+        return float(v)
+    kb = number("maxrss_kb")
+    task_kb = number("task_maxrss_kb")
+    source = value.get("source")
+    return Usage(cpu_user=number("cpu_user"), cpu_system=number("cpu_system"),
+                 maxrss_kb=None if kb is None else int(kb),
+                 task_maxrss_kb=None if task_kb is None else int(task_kb),
+                 source=source if source in ("cgroup", "rusage") else None)
 
 
 def resolve(rd: RunDir, job: Job) -> Verdict:

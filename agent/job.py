@@ -112,7 +112,9 @@ class Job:
             "started_at": self.started_at, "ended_at": self.ended_at, "pmi": self.pmi,
             "user": self.user, "uid": self.uid, "core_dumped": self.core_dumped,
             "time_limit": self.time_limit, "held": self.held,
-            "dependency": [f"{k}:{j}" for k, j in self.dependency],
+            # Slurm's spellings: a whole array as ID_*, singleton alone (request_args.py)
+            "dependency": [k if k == "singleton" else f"{k}:{-j}_*" if j < 0 else f"{k}:{j}"
+                           for k, j in self.dependency],
             "array_id": self.array_id, "array_index": self.array_index,
             "array_max": self.array_max,
             # "suspended" is a state of the job object only: the row says running (schema.py)

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import tether
 import tether.shared.records
-from tether.agent import fallback, lifecycle, lifecycle_events, users
+from tether.agent import batch, fallback, lifecycle, lifecycle_events, users
 from tether.agent.group_commit import wait_for_go
 from tether.agent.job import Job
 from tether.agent.ledger import Request
@@ -134,6 +134,14 @@ def spec_of(agent: Agent, job: Job) -> dict[str, Any]:
         spec["time_limit"] = job.time_limit  # the supervisor enforces it (survives us)
     if job.array_id is not None:
         spec["array"] = {"id": job.array_id, "index": job.array_index}
+    script, slurm_env = batch.of(agent.db, job)
+    if script is not None:
+        # spawn_prep writes it into the run directory (``script``); the supervisor hands it to
+        # the tasks on a file descriptor (shared/batch.py)
+        spec["script_data"] = script
+    if slurm_env:
+        spec["slurm_env"] = True  # Slurm's names of the job variables too (supervisor/launch.py)
+        spec["node"] = agent.cfg.node
     if agent.cluster is not None:
         fence = agent.cluster.fence_spec(job.id)
         if fence is not None:

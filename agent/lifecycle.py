@@ -177,7 +177,7 @@ def _settle(m: Machine, verdict: Verdict, *, then: list[Effect],
         fin = Finalize(state=verdict.state, exit_code=verdict.exit_code, signal=verdict.signal,
                        reason=verdict.reason, started_at=verdict.started_at,
                        ended_at=verdict.ended_at, core_dumped=verdict.core_dumped,
-                       oom=verdict.oom, pmi_unused=verdict.pmi_unused)
+                       oom=verdict.oom, pmi_unused=verdict.pmi_unused, usage=verdict.usage)
         return _finish(replace(m, launched=True), [fin, *then], state)
     if isinstance(verdict, NeverRan):
         return _never_ran(m, verdict.reason, then=then, state=state)

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tether.agent.lifecycle_events import Usage
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Spawn:
@@ -82,6 +84,8 @@ class Finalize:
     oom: bool = False
     #: a PMI step none of whose ranks spoke PMI
     pmi_unused: bool = False
+    #: what the step used (the accounting history's figures), if known
+    usage: Usage | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

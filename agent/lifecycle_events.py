@@ -12,6 +12,21 @@ from dataclasses import dataclass
 
 # ---- what a run directory or a supervisor says happened ------------------------------------
 
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Usage:
+    """What a step used, as its supervisor measured it at its end (the exit record's ``usage``):
+    CPU seconds in user and system mode, the peak memory (KiB) and where that peak came from
+    (``cgroup``: the step's cgroup counted it; ``rusage``: the largest task's own peak), and the
+    largest task's peak resident set (KiB)."""
+
+    cpu_user: float | None = None
+    cpu_system: float | None = None
+    maxrss_kb: int | None = None
+    task_maxrss_kb: int | None = None
+    source: str | None = None
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Result:
     """A true result (the tasks were launched): from ``wait`` or from ``exit.json``."""
@@ -27,6 +42,8 @@ class Result:
     oom: bool = False
     #: a PMI step none of whose ranks spoke PMI
     pmi_unused: bool = False
+    #: what the step used (accounting), if its supervisor said
+    usage: Usage | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

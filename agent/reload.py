@@ -44,6 +44,13 @@ def _check_timeout(agent: Agent, value: float) -> None:
     agent.checks.timeout = value  # each check reads it as it starts
 
 
+def _limit(attr: str) -> Callable[[Agent, Any], None]:
+    def apply(agent: Agent, value: Any) -> None:
+        setattr(agent.cfg.limits, attr, value)
+        agent.schedule_due = True  # the next pass orders and limits by it
+    return apply
+
+
 def _log_level(agent: Agent, value: str) -> None:
     logging.getLogger().setLevel(value)  # cmd_agent set the root logger's level at start
 
@@ -65,6 +72,9 @@ LIVE: dict[str, Callable[[Agent, Any], None]] = {
     "pmi-store-mb": _cfg("pmi_store_mb"), "submit-check-timeout": _check_timeout,
     "stop-for-good": _service("stop_for_good"), "metrics-file": _service("metrics_file"),
     "metrics-interval": _service("metrics_interval"),
+    "max-queued-per-user": _limit("max_queued"), "max-running-per-user": _limit("max_running"),
+    "max-user-records-mb": _limit("max_records_mb"), "keep-ended": _limit("keep_ended_days"),
+    "keep-ended-count": _limit("keep_ended_count"), "fairshare-half-life": _limit("half_life"),
 }
 
 

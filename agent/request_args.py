@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from tether.agent import users
 from tether.agent.job import Job
-from tether.shared import jobopts, outpattern
+from tether.shared import batch, jobopts, outpattern
 from tether.shared.door_conn import Conn
 from tether.shared.errors import BadRequest, NotFound, PermissionDenied
 from tether.shared.protocol import arg_int, arg_number, arg_str
@@ -29,8 +29,24 @@ def job_arg(agent: Agent, args: Any) -> Any:
     job_id = arg_int(args, "job", minimum=1)
     job = agent.db.get(job_id)
     if job is None:
-        raise NotFound(f"no job {job_id}")
+        raise missing(agent, job_id)
     return job
+
+
+def missing(agent: Agent, job_id: int, index: int | None = None) -> NotFound:
+    """No job by that id in the jobs table: a job that ended and was purged (retention.py)
+    says so, and where it is still found."""
+    what = f"{job_id}" if index is None else f"{job_id}_{index}"
+    if job_id > agent.db.last_id():
+        return NotFound(f"no job {what}")
+    row = agent.db.conn.execute(
+        "SELECT state FROM job_acct WHERE job = ?" if index is None else
+        "SELECT state FROM job_acct WHERE array_id = ? AND array_index = ?",
+        (job_id,) if index is None else (job_id, index)).fetchone()
+    if row is None:
+        return NotFound(f"no job {what}")
+    return NotFound(f"job {what} ended ({row[0]}) and has been purged from the jobs table "
+                    "(agent --keep-ended, --keep-ended-count): tether acct shows it")
 
 
 def index_arg(args: Any) -> int | None:
@@ -54,11 +70,11 @@ def targets(agent: Agent, job_id: int, index: int | None) -> list[Job]:
     if index is not None:
         job = agent.db.element(job_id, index)
         if job is None:
-            raise NotFound(f"no job {job_id}_{index}")
+            raise missing(agent, job_id, index)
         return [job]
     job = agent.db.get(job_id)
     if job is None:
-        raise NotFound(f"no job {job_id}")
+        raise missing(agent, job_id)
     if job.array_id == job.id:
         return agent.db.array_elements(job.id)
     return [job]
@@ -119,8 +135,7 @@ def task_paths(out: str, err: str, ntasks: int) -> set[str]:
 
 def sched_args(agent: Agent, args: Any) -> dict[str, Any]:
     """The job_sched facts of a submission: its time limit (the node's default, refused over
-    its maximum), its hold and its dependencies (resolved to job ids, arrays to their
-    elements)."""
+    its maximum), its hold and its dependencies (``dependency_refs``)."""
     out: dict[str, Any] = {}
     limit: float | None = None
     if args.get("time_limit") is not None:
@@ -142,21 +157,59 @@ def sched_args(agent: Agent, args: Any) -> dict[str, Any]:
         out["held"] = True
     text = arg_str(args, "dependency", optional=True, max_len=16384)
     if text:
-        try:
-            refs = jobopts.parse_dependency(text)
-        except ValueError as exc:
-            raise BadRequest(str(exc)) from None
-        deps: dict[tuple[str, int], None] = {}
-        for kind, job, index in dict.fromkeys(refs):
-            # ids only (an array's thousand elements are not read whole), and no further than
-            # the cap: a hostile list of refs costs at most MAX_DEPENDENCIES lookups' worth
-            for j in agent.db.ref_ids(job, index):
-                deps[(kind, j)] = None
-            if len(deps) > MAX_DEPENDENCIES:  # arrays expand: each pass reads every state
-                raise BadRequest(f"dependency {text[:60]!r}... names more than "
-                                 f"{MAX_DEPENDENCIES} jobs (an array counts each element)")
-        out["dependency"] = list(deps)
+        out["dependency"] = dependency_refs(agent, text)
     return out
+
+
+def dependency_refs(agent: Agent, text: str) -> list[tuple[str, int]]:
+    """``--dependency`` as the scheduler reads it (schedule.dependency_state): (kind, job id)
+    for a job or one element of an array (``ID_INDEX``), (kind, -ID) for every element of
+    array ID together (Slurm's array semantics), ("singleton", 0)."""
+    try:
+        refs = jobopts.parse_dependency(text, jobopts.NODE_KINDS)
+    except ValueError as exc:
+        raise BadRequest(str(exc)) from None
+    deps: dict[tuple[str, int], None] = {}
+    weight = 0  # jobs each pass reads: an array counts each element
+    for kind, job, index in dict.fromkeys(refs):
+        if kind == "singleton":
+            deps[(kind, 0)] = None
+            continue
+        # ids only (an array's thousand elements are not read whole), and no further than
+        # the cap: a hostile list of refs costs at most MAX_DEPENDENCIES lookups' worth
+        ids = agent.db.ref_ids(job, index)
+        weight += len(ids)
+        if index is None and is_array(agent, job):
+            deps[(kind, -job)] = None
+        else:
+            for j in ids:
+                deps[(kind, j)] = None
+        if weight > MAX_DEPENDENCIES:  # arrays expand: each pass reads every state
+            raise BadRequest(f"dependency {text[:60]!r}... names more than "
+                             f"{MAX_DEPENDENCIES} jobs (an array counts each element)")
+    return list(deps)
+
+
+def is_array(agent: Agent, job_id: int) -> bool:
+    """Is ``job_id`` an array's id (its first element's), rather than a job of its own?"""
+    row = agent.db.conn.execute("SELECT array_id FROM job_sched WHERE id = ?",
+                                (job_id,)).fetchone()
+    return row is not None and row[0] == job_id
+
+
+def batch_args(args: Any) -> tuple[bytes | None, bool]:
+    """A submission's batch script (its bytes, as the command line read them as the user: the
+    agent never opens a user's path) and ``slurm_env`` (``--export-slurm-env``)."""
+    script = args.get("script")
+    if script is not None and (not isinstance(script, bytes) or not script):
+        raise BadRequest("argument 'script' must be the script's bytes")
+    if script is not None and len(script) > batch.MAX_SCRIPT:
+        raise BadRequest(f"the script is {len(script)} bytes, over the limit of "
+                         f"{batch.MAX_SCRIPT}")
+    slurm_env = args.get("slurm_env", False)
+    if not isinstance(slurm_env, bool):
+        raise BadRequest("argument 'slurm_env' must be true or false")
+    return script, slurm_env
 
 
 def array_arg(args: Any) -> tuple[list[int], int | None]:

@@ -36,6 +36,8 @@ NEVER = "DependencyNeverSatisfied"
 HELD = "JobHeldUser"
 ARRAY_LIMIT = "JobArrayTaskLimit"
 BEGIN_TIME = "BeginTime"
+#: its user runs as many jobs as she may (agent --max-running-per-user; Slurm's MaxJobs)
+USER_LIMIT = "QOSMaxJobsPerUserLimit"
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +70,8 @@ class Pending:
     #: the array it belongs to and the array's ``%MAX`` (elements running at once)
     group: int | None = None
     group_max: int | None = None
+    #: its user, when a limit of running jobs holds for her (``plan``'s ``max_running``)
+    user: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,19 +150,26 @@ class _Holding:
 
 
 def plan(pending: Iterable[Pending], running: Iterable[Running], free: Res, now: float,
-         grace: float = 0.0) -> Plan:
+         grace: float = 0.0, by_user: Mapping[int, int] | None = None,
+         max_running: int = 0) -> Plan:
     """Which of ``pending`` (in queue order) start now, and why the others wait.
 
     ``free`` is what is free now; ``grace`` is added to every time limit (the kill grace, how
     long a job at its limit may still hold its resources). ``running`` is iterated at most
-    once, and only if a pending job's fate depends on it.
+    once, and only if a pending job's fate depends on it. ``by_user`` counts each user's jobs
+    holding resources: a job whose ``user`` is set waits (``USER_LIMIT``, blocking nobody, as
+    a hold does) while hers reach ``max_running`` (0: no limit).
     """
     out = Plan()
     holding = _Holding(running, now, grace)
     shadow: tuple[float, Res] | None = None
+    users = Counter(by_user or {})
     for p in pending:
         if p.blocked is not None:
             out.reasons[p.id] = p.blocked
+            continue
+        if max_running and p.user is not None and users[p.user] >= max_running:
+            out.reasons[p.id] = USER_LIMIT
             continue
         if p.group is not None and p.group_max is not None and \
                 holding.in_group(p.group) >= p.group_max:
@@ -184,6 +195,8 @@ def plan(pending: Iterable[Pending], running: Iterable[Running], free: Res, now:
         out.start.append(p.id)
         free = free - p.need
         holding.started(end, p.need, p.group)
+        if p.user is not None:
+            users[p.user] += 1
     return out
 
 
@@ -193,20 +206,47 @@ SATISFIED = "satisfied"
 WAITING = "waiting"
 
 
-def dependency_state(deps: Iterable[tuple[str, int]], states: Mapping[int, str]) -> str:
-    """``satisfied``, ``waiting`` or ``DependencyNeverSatisfied`` for ``deps`` ((kind, job)
-    pairs, all of which must hold), given the predecessors' states; an unknown job never
-    satisfies anything."""
+def dependency_state(deps: Iterable[tuple[str, int]], states: Mapping[int, str],
+                     arrays: Mapping[int, Mapping[int, str]] | None = None,
+                     index: int | None = None, busy: bool = False) -> str:
+    """``satisfied``, ``waiting`` or ``DependencyNeverSatisfied`` for ``deps`` ((kind, ref)
+    pairs, all of which must hold), Slurm's way. A ref is a job id (an array's element named by
+    ``ID_INDEX`` too), ``-ID`` for every element of array ID, 0 for ``singleton``.
+
+    ``states``: the named jobs' states; ``arrays``: each named array's element states by index;
+    ``index``: the dependent's own array index (``aftercorr``); ``busy``: another job of its user
+    and name runs, or waits ahead of it (``singleton``). Over an array, ``afterok`` holds once
+    every element completed (never, once one ended otherwise), ``afternotok`` once every element
+    ended and one did not complete (never, once all completed), ``afterany`` once all ended,
+    ``after`` once all started (or ended); ``aftercorr`` is ``afterok`` on the element of the
+    same index (on the whole array where it has none). An unknown job never satisfies
+    anything."""
     result = SATISFIED
-    for kind, job in deps:
-        state = states.get(job)
-        if state is None:
+    for kind, ref in deps:
+        if kind == "singleton":
+            if busy:
+                result = WAITING
+            continue
+        if ref < 0:
+            elements = (arrays or {}).get(-ref) or {}
+            if kind == "aftercorr" and index is not None and index in elements:
+                group = [elements[index]]
+            else:
+                group = list(elements.values())
+        else:
+            state = states.get(ref)
+            group = [] if state is None else [state]
+        if not group:
             return NEVER
-        ended = state in FINAL
-        if kind == "afterok":
-            ok, never = state == "completed", ended and state != "completed"
+        ended = all(s in FINAL for s in group)
+        completed = [s == "completed" for s in group]
+        if kind in ("afterok", "aftercorr"):
+            ok = all(completed)
+            never = any(s in FINAL and s != "completed" for s in group)
         elif kind == "afternotok":
-            ok, never = ended and state != "completed", state == "completed"
+            ok, never = ended and not all(completed), all(completed)
+        elif kind == "after":  # started (or ended without starting: Slurm's "or cancelled")
+            ok, never = all(s != "pending" for s in group), False
         else:  # afterany
             ok, never = ended, False
         if never:

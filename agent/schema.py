@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import tether
+from tether.agent import acct, batch
 
 if TYPE_CHECKING:
     from tether.agent.db import Store
@@ -140,6 +141,21 @@ MIGRATIONS: list[Migration] = [
               sql("ALTER TABLE job_sched ADD COLUMN begin_at REAL")),
     Migration("job_facts.pmi_unused: a --pmi job none of whose ranks spoke PMI (issue 27)",
               sql("ALTER TABLE job_facts ADD COLUMN pmi_unused INTEGER NOT NULL DEFAULT 0")),
+    # Issue 28: a batch script kept at submit (the copy is what runs) and --export-slurm-env,
+    # one row for a job or for all the elements of an array (ids job .. job + elements - 1);
+    # the row goes with the last of its jobs (agent/batch.py).
+    Migration("job_batch: the batch script kept at submit and --export-slurm-env (issue 28)",
+              lambda conn: batch.create(conn)),
+    # Issue 28: the accounting history, one compact row per ended job, apart from the jobs
+    # table so that purging ended jobs leaves it (agent/acct.py); the jobs that ended before
+    # it are written into it as they are (no usage: nothing measured it).
+    Migration("job_acct: the accounting history of ended jobs (issue 28; tether acct)",
+              lambda conn: acct.create(conn)),
+    # Issue 27: each user's pending jobs in queue order (the per-user limits and the fair-share
+    # queue read them by user), and each user's jobs (the per-user bounds on records).
+    Migration("indexes of the jobs by user (issue 27: per-user limits and fair share)",
+              sql("CREATE INDEX IF NOT EXISTS jobs_state_user ON jobs(state, uid, id)",
+                  "CREATE INDEX IF NOT EXISTS jobs_user ON jobs(uid, state)")),
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

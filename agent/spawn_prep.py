@@ -32,6 +32,17 @@ def prepare(layout: Layout, rd: RunDir, spec: dict[str, Any]) -> None:
     fd = os.open(rd.lock, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                  0o600)
     os.close(fd)
+    script = spec.pop("script_data", None)
+    if script is not None:  # a batch script's copy (agent/batch.py): root's, in root's directory
+        fd = os.open(rd.script, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                     | os.O_CLOEXEC, 0o600)
+        try:
+            view = memoryview(script)
+            while view:
+                view = view[os.write(fd, view):]
+        finally:
+            os.close(fd)
+        spec["script"] = rd.script
     # Not fsync'd (two fsyncs off every launch): its only reader is the supervisor, which a
     # power cut ends too; the run directory and lock are what a restarted agent looks at.
     records.atomic_write_json(rd.spec, spec, durable=False)

@@ -47,6 +47,17 @@ def seconds(text: str) -> float:
     return value
 
 
+def positive_days(text: str) -> float:
+    """A number of days above 0 (fractions allowed), as days."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise bad_value(f"{text!r} is not a number of days") from None
+    if not value > 0 or value == float("inf"):
+        raise bad_value(f"must be a finite number of days above 0, got {text}")
+    return value
+
+
 def job_id(text: str) -> int:
     import re
 
@@ -106,10 +117,10 @@ def array_spec(text: str) -> str:
 
 
 def dependency(text: str) -> str:
-    from tether.shared.jobopts import parse_dependency
+    from tether.shared.jobopts import NODE_KINDS, parse_dependency
 
     try:
-        parse_dependency(text)
+        parse_dependency(text, NODE_KINDS)  # a cluster's agent refuses the kinds it lacks
     except ValueError as exc:
         raise bad_value(str(exc)) from None
     return text

@@ -18,7 +18,14 @@ def agent(state_dir: str, ns: argparse.Namespace,
           reread: Callable[[], dict[str, Any]] | None = None) -> int:
     """Run the agent; ``reread`` gives its settings again, as SIGHUP reloads them
     (``agentconf.rereader``)."""
-    from tether.agent.config import AgentConfig, AgentError, ServiceConfig, allowed_cpus, memory_mb
+    from tether.agent.config import (
+        AgentConfig,
+        AgentError,
+        ServiceConfig,
+        UserLimits,
+        allowed_cpus,
+        memory_mb,
+    )
     from tether.agent.contain import default_base
     from tether.agent.daemon import Agent
     from tether.agent.schema import SchemaError
@@ -56,6 +63,11 @@ def agent(state_dir: str, ns: argparse.Namespace,
                               template_linger=ns.template_linger,
                               metrics_file=metrics_path(ns.metrics_file),
                               metrics_interval=ns.metrics_interval),
+        limits=UserLimits(max_queued=ns.max_queued_per_user,
+                          max_running=ns.max_running_per_user,
+                          max_records_mb=ns.max_user_records_mb,
+                          half_life=ns.fairshare_half_life, keep_ended_days=ns.keep_ended,
+                          keep_ended_count=ns.keep_ended_count),
     )
     from tether.cli.agentconf import settings
 

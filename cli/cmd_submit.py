@@ -29,11 +29,23 @@ def current_umask() -> int:
 
 def submit(layout: Layout, ns: argparse.Namespace) -> int:
     command = list(ns.command)
-    if command and command[0] == "--":
+    explicit = bool(command) and command[0] == "--"  # a command, as given: never a script
+    if explicit:
         command = command[1:]
     if not command:
-        raise CliError("submit: missing the command to run (tether submit [OPTIONS] -- CMD)",
-                       EXIT_USAGE)
+        raise CliError("submit: missing the command to run (tether submit [OPTIONS] -- CMD, "
+                       "or tether submit [OPTIONS] SCRIPT [ARG...])", EXIT_USAGE)
+    script = None
+    if not explicit and getattr(ns, "argv", None) is not None:
+        from tether.cli import batch  # only for a first word that may be a script
+
+        script = batch.load(command[0])
+        if script is not None and os.path.exists(layout.cluster_marker):
+            raise CliError(f"submit: {command[0]} is a batch script, and a cluster's jobs run "
+                           "commands only for now: tether submit [OPTIONS] -- COMMAND")
+        if script is not None:  # Slurm's batch script: its copy runs, its directives apply
+            ns = batch.apply(ns, command[0], script)
+            command = [os.path.abspath(command[0]), *command[1:]]
     env = environment(ns)
     workdir = os.path.abspath(ns.workdir or os.getcwd())
     args = {"command": command, "cpus": ns.cpus, "gpus": ns.gpus, "memory_mb": ns.memory_mb,
@@ -45,11 +57,26 @@ def submit(layout: Layout, ns: argparse.Namespace) -> int:
             args[key] = getattr(ns, key)
     if ns.hold:
         args["hold"] = True
+    if script is not None:
+        args["script"] = script
+    if getattr(ns, "export_slurm_env", False):
+        if os.path.exists(layout.cluster_marker):
+            raise CliError("submit: --export-slurm-env is not supported for a cluster's jobs "
+                           "yet")
+        args["slurm_env"] = True
     if getattr(ns, "no_requeue", False):
         args["requeue"] = False
     if os.geteuid() == 0:
         root_owned(layout)
-    job = agent_call(layout, "submit", args)
+    from tether.shared.framing import FrameTooLarge  # the client has it loaded already
+
+    try:
+        job = agent_call(layout, "submit", args)
+    except FrameTooLarge as exc:  # a request is one frame: environment, command and script
+        what = f"the script ({len(script)} bytes), " if script is not None else ""
+        raise CliError(f"submit: the submission is {exc.size} bytes, over the {1 << 20} a "
+                       f"request may be: {what}the environment and the command line together "
+                       "(pass fewer variables: --export)") from None
     if ns.json and not ns.wait:
         from tether.cli.jsonout import dumps  # json.dumps's text, without json (~3 ms)
 
@@ -70,6 +97,7 @@ def environment(ns: argparse.Namespace) -> dict[str, str]:
         export = ("NONE", ()) if ns.user is not None else ("ALL", ())
     base, names = export
     env = dict(os.environ) if base == "ALL" else {"PATH": USER_PATH}
+    env["TETHER_SUBMIT_DIR"] = os.getcwd()  # Slurm's SLURM_SUBMIT_DIR: where submit ran
     for name, value in names:
         if value is not None:
             env[name] = value

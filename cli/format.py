@@ -43,7 +43,8 @@ def print_pairs(rows: Iterable[tuple[str, Any]]) -> None:
         say(f"{key:<15}{'' if value is None else value}")
 
 
-JOB_FIELDS = ("id", "name", "state", "attempt", "exit_code", "signal", "reason", "time_limit",
+JOB_FIELDS = ("id", "name", "state", "attempt", "exit_code", "signal", "reason", "priority",
+              "time_limit",
               "dependency", "begin_at", "command", "pmi",
               "ntasks", "cpus", "gpus", "memory_mb", "supervisor_pid", "pids", "workdir",
               "output", "error", "submitted_at", "started_at", "ended_at")
@@ -64,4 +65,5 @@ def print_job(job: dict[str, Any]) -> None:
         return job.get(key)
     # the PMI line only for the jobs that asked for PMI
     print_pairs((key, value(key)) for key in JOB_FIELDS
-                if key != "pmi" or job.get("pmi") not in (None, "none"))
+                if (key != "pmi" or job.get("pmi") not in (None, "none"))
+                and (key != "priority" or job.get("priority") is not None))

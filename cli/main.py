@@ -39,7 +39,7 @@ VERBS = {
     "inspect": "cmd_inspect:inspect", "attach": "cmd_attach:attach",
     "signal": "cmd_attach:signal", "top": "cmd_top:top",
     "upgrade-supervisors": "cmd_upgrade:upgrade_supervisors",
-    "suspend": "cmd_suspend:suspend", "resume": "cmd_suspend:resume",
+    "suspend": "cmd_suspend:suspend", "resume": "cmd_suspend:resume", "acct": "cmd_acct:acct",
     "nodes": "cluster:cmd_nodes", "drain": "cluster:cmd_drain",
 }
 # verbs that need no agent: they take the Namespace only
@@ -84,6 +84,8 @@ def run(argv: list[str]) -> int:
         return admin(ns)
     from tether.shared.paths import Layout
 
+    if ns.cmd == "submit":  # a batch script's directives are parsed with the options given
+        ns.argv = argv
     layout = Layout(os.path.abspath(state_dir(ns)))
     if ns.cmd in ("inspect", "attach", "signal") and os.path.exists(layout.cluster_marker):
         from tether.cli.cluster import located  # a cluster's job: which node, which local id

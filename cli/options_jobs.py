@@ -42,11 +42,16 @@ OUTPUT_HELP = """output file names (--output, --error; relative to --workdir), a
 
 def add_submit(sub: Any) -> None:
     s = verb(sub, "submit", "queue a job",
-             "Queue a job: NTASKS copies of COMMAND, each with its own CPUs. Prints the job id.",
-             usage="tether submit [OPTIONS] -- COMMAND [ARG...]",
+             "Queue a job: NTASKS copies of COMMAND, each with its own CPUs. Prints the job id. "
+             "Without --, a SCRIPT (a file, not a program) is a batch script, as sbatch takes "
+             "it: its copy runs (by its #! interpreter, else /bin/sh), and its #TETHER and "
+             "#SBATCH lines give options before the command line's, which win.",
+             usage="tether submit [OPTIONS] -- COMMAND [ARG...]\n"
+             "       tether submit [OPTIONS] SCRIPT [ARG...]",
              epilog=OUTPUT_HELP + "\n\nexamples:\n  tether submit --cpus 2 -- ./prog --in data\n"
              "  tether submit --ntasks 4 --pmi pmi1 --wait -- ./mpi_prog\n"
-             "  tether submit -n 4 -c 2 --mem 4G -t 1:00:00 -J sim -o sim-%j.out -- ./sim")
+             "  tether submit -n 4 -c 2 --mem 4G -t 1:00:00 -J sim -o sim-%j.out -- ./sim\n"
+             "  tether submit job.sh input.dat      # job.sh: #SBATCH --ntasks=4 ...")
     # Slurm's spellings too (sbatch's short options, --job-name, --chdir, --mem, ...): each
     # one more name of the same option, so a Slurm user's command line means what it meant
     # there (docs/cli.md, "Slurm's options")
@@ -91,12 +96,16 @@ def add_submit(sub: Any) -> None:
     s.add_argument("-a", "--array", type=array_spec, metavar="SPEC",
                    help="an array: one job per index, shown as ID_INDEX: N-M[:STEP] or "
                    "N,M,... (both mixed), then %%MAX to run at most MAX at once (0-99%%5); "
-                   "TETHER_ARRAY_JOB_ID and TETHER_ARRAY_TASK_ID in the environment")
+                   "TETHER_ARRAY_JOB_ID, TETHER_ARRAY_TASK_ID and TETHER_ARRAY_TASK_COUNT, _MIN, "
+                   "_MAX, _STEP in the environment")
     s.add_argument("-d", "--dependency", type=dependency, metavar="LIST",
                    help="start only after other jobs: afterok:ID[:ID...] (completed), "
-                   "afterany:ID (ended), afternotok:ID (ended otherwise), comma-separated, all "
-                   "needed; an array's ID means all its elements. One that can no longer be "
-                   "met cancels the job (reason DependencyNeverSatisfied)")
+                   "afterany:ID (ended), afternotok:ID (ended otherwise), after:ID (started), "
+                   "aftercorr:ID (the element of array ID of the same index completed), "
+                   "singleton (no other job of yours with this name runs or waits ahead), "
+                   "comma-separated, all needed; an array's ID (or ID_*) means all its elements "
+                   "together, as Slurm's. One that can no longer be met cancels the job (reason "
+                   "DependencyNeverSatisfied)")
     s.add_argument("-b", "--begin", type=begin_time, metavar="TIME",
                    help="start no earlier than TIME (reason BeginTime until then): now+N[s|m|h|"
                    "d] (seconds without a unit), HH:MM[:SS] (today, or tomorrow once past) or "
@@ -105,6 +114,10 @@ def add_submit(sub: Any) -> None:
                    help="queue the job held: it starts only after 'tether release'")
     s.add_argument("-W", "--wait", action="store_true",
                    help="print the id, wait for the end and exit as 'tether wait' does")
+    s.add_argument("--export-slurm-env", action="store_true",
+                   help="give the tasks Slurm's names of the job variables too (SLURM_JOB_ID, "
+                   "SLURM_PROCID, SLURM_ARRAY_TASK_ID, ...): never by default, since some MPI "
+                   "libraries that see SLURM_* try to run srun")
     s.add_argument("--no-requeue", action="store_true",
                    help="on a cluster's node: if the job's node goes down, fail the job instead "
                    "of running it again elsewhere")
@@ -130,6 +143,54 @@ def add_list(sub: Any) -> None:
 
 
 JOB_HELP = "job id, or ARRAY_INDEX for one element of an array"
+
+
+def add_acct(sub: Any) -> None:
+    from tether.cli.cmd_acct import UNITS, fields_help
+    from tether.cli.jobfilter import name_list, since, state_list
+
+    s = verb(sub, "acct", "the accounting history of ended jobs (Slurm's sacct)",
+             "The accounting history: one line per ended job, oldest first, with what its "
+             "step used (CPU time, memory peak) as its supervisor measured it at the end. "
+             "Kept after a job leaves 'list'. Your own jobs unless you name users, jobs or "
+             "--all-users (root: everyone's).",
+             usage="tether acct [OPTIONS] [JOB...]", epilog=fields_help())
+    s.add_argument("jobs", type=job_ref, nargs="*", metavar="JOB",
+                   help="only these jobs (an array's id: every element; ID_INDEX: one)")
+    s.add_argument("-j", "--jobs", dest="job_list", type=job_list, metavar="JOB[,JOB...]",
+                   help="as JOB..., sacct's way")
+    s.add_argument("-u", "--user", type=name_list, metavar="USER[,USER...]",
+                   help="only jobs that ran as these users")
+    s.add_argument("-a", "--all-users", "--allusers", action="store_true",
+                   help="every user's jobs")
+    s.add_argument("-s", "--state", type=state_list, metavar="STATE[,STATE...]",
+                   help="only jobs that ended so: completed, failed, cancelled, timeout, lost "
+                   "(or Slurm's codes CD, F, CA, TO)")
+    s.add_argument("--name", type=name_list, metavar="NAME[,NAME...]",
+                   help="only jobs with exactly these names")
+    s.add_argument("-S", "--since", "--starttime", type=since, metavar="TIME",
+                   help="only jobs that ended at or after TIME: N[s|m|h|d|w] ago (minutes "
+                   "without a unit), HH:MM[:SS] today or YYYY-MM-DD[THH:MM[:SS]], local time")
+    s.add_argument("-E", "--until", "--endtime", type=since, metavar="TIME",
+                   help="only jobs that started (or ended without starting) at or before TIME, "
+                   "in --since's notation")
+    s.add_argument("-o", "--format", metavar="FIELD[:WIDTH],...",
+                   help="the columns, by name (listed below)")
+    s.add_argument("-n", "--no-header", "--noheader", action="store_true",
+                   help="leave out the header line")
+    out = s.add_mutually_exclusive_group()
+    out.add_argument("-p", "--parsable", action="store_true",
+                     help="values whole, each followed by |, as sacct -p")
+    out.add_argument("-P", "--parsable2", action="store_true",
+                     help="values whole, separated by |, as sacct -P")
+    out.add_argument("--json", action="store_true", help="print the records as JSON")
+    s.add_argument("--units", choices=list(UNITS),
+                   help="memory in KiB (K, the default: 102400K), MiB (M) or GiB (G)")
+
+
+def job_list(text: str) -> list[str]:
+    """sacct's ``-j 12,13_2``: job refs, comma-separated."""
+    return [job_ref(word) for word in text.split(",") if word]
 
 
 def add_show(sub: Any) -> None:

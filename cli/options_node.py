@@ -13,6 +13,7 @@ from tether.cli.argtypes import (
     job_id,
     non_negative,
     positive,
+    positive_days,
     positive_seconds,
     seconds,
     time_limit,
@@ -93,6 +94,32 @@ def add_agent(sub: Any) -> None:
     a.add_argument("--pmi-store-mb", type=positive, default=16, metavar="MB",
                    help="the most memory a step's PMI key-value store may hold, in MiB (each "
                    "entry counted with its overhead); a put past it is refused (default 16)")
+    a.add_argument("--max-queued-per-user", type=non_negative, default=1000, metavar="N",
+                   help="the most pending jobs one user may have (each array element "
+                   "counted; Slurm's MaxSubmitJobs): a submission past it is refused; 0: no "
+                   "limit; root's and the agent's user's own jobs are not limited (default "
+                   "1000)")
+    a.add_argument("--max-running-per-user", type=non_negative, default=1000, metavar="N",
+                   help="the most jobs one user may have holding resources (Slurm's MaxJobs): "
+                   "her others wait, reason QOSMaxJobsPerUserLimit; 0: no limit (default "
+                   "1000)")
+    a.add_argument("--max-user-records-mb", type=positive, default=64, metavar="MB",
+                   help="the most of the state directory one user's job records may take "
+                   "(commands, environments, names and paths of her jobs in the jobs table): "
+                   "her oldest ended jobs are purged first, then a submission is refused "
+                   "(default 64)")
+    a.add_argument("--fairshare-half-life", type=time_limit, default=7 * 86400.0,
+                   metavar="TIME",
+                   help="the half-life of the usage (allocated CPU-seconds) pending jobs are "
+                   "ordered by, fair share between users, in submit --time's notation "
+                   "(Slurm's PriorityDecayHalfLife; default 7-0, 7 days)")
+    a.add_argument("--keep-ended", type=positive_days, default=7.0, metavar="DAYS",
+                   help="how long an ended job stays in the jobs table (list, show, wait) "
+                   "before it is purged; the accounting history (tether acct) keeps it "
+                   "(default 7)")
+    a.add_argument("--keep-ended-count", type=positive, default=1000, metavar="N",
+                   help="the most ended jobs of one user the jobs table keeps; older ones are "
+                   "purged sooner (default 1000)")
     a.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
                    help="log to stderr from this level on (default INFO)")
     a.add_argument("--stop-for-good", action="store_true",

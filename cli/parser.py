@@ -182,6 +182,7 @@ def build_parser(argv: list[str] | None = None) -> Parser:
     names (each one costs its imports and its argparse set-up on every run)."""
     from tether import __version__
     from tether.cli.options_jobs import (
+        add_acct,
         add_attach,
         add_cancel,
         add_hold,
@@ -217,7 +218,8 @@ def build_parser(argv: list[str] | None = None) -> Parser:
     sub = p.add_subparsers(dest="cmd", metavar="COMMAND", parser_class=Parser, title="commands")
     adders = (add_agent, add_status, add_submit, add_list, add_show, add_wait, add_cancel,
               add_hold, add_release, add_inspect, add_attach, add_signal, add_top, add_upgrade,
-              add_completion, add_man, add_cluster, add_nodes, add_drain, add_suspend, add_resume)
+              add_completion, add_man, add_cluster, add_nodes, add_drain, add_suspend, add_resume,
+              add_acct)
     name = verb_of(argv) if argv is not None else None
     one = [a for a in adders if name is not None and _VERB_OF_ADDER.get(
         a.__name__, a.__name__[4:].replace("_", "-")) == name]

@@ -104,7 +104,8 @@ _SUBMIT: dict[str, Option] = {
     **_names("dependency", ONE, argtypes.dependency, "-d", "--dependency"),
     **_names("begin", ONE, argtypes.begin_time, "-b", "--begin"),
     **_names("hold", FLAG, _text, "-H", "--hold"), **_names("wait", FLAG, _text, "-W", "--wait"),
-    "--no-requeue": ("no_requeue", FLAG, _text), **_JSON}
+    "--no-requeue": ("no_requeue", FLAG, _text),
+    "--export-slurm-env": ("export_slurm_env", FLAG, _text), **_JSON}
 
 VERBS: dict[str, Verb] = {
     "status": Verb(None, _JSON, {"json": False}),
@@ -134,8 +135,8 @@ VERBS: dict[str, Verb] = {
         "cpus": 1, "gpus": 0, "memory_mb": 0, "ntasks": None, "ntasks_per_node": None,
         "name": None, "output": None, "error": None, "workdir": None, "export": None,
         "env": None, "user": None, "pmi": "none", "time_limit": None, "array": None,
-        "dependency": None, "begin": None, "hold": False, "wait": False, "no_requeue": False,
-        "json": False, "command": None}),
+        "dependency": None, "begin": None, "hold": False, "wait": False,
+        "export_slurm_env": False, "no_requeue": False, "json": False, "command": None}),
 }
 
 _DIGITS = frozenset("0123456789")

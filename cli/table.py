@@ -76,6 +76,9 @@ FIELDS: dict[str, Field] = {
     "state": Field("STATE", 10, key("state"), help="pending, running, completed, ..."),
     "exit": Field("EXIT", 5, fmt_exit, True, "exit code, sigN, or -"),
     "reason": Field("REASON", 22, key("reason"), help="why it is pending, or how it ended"),
+    "priority": Field("PRIORITY", 8, key("priority"), True,
+                      "a pending job's fair-share priority: the higher, the sooner (its user's "
+                      "recent usage; 1000000: none)"),
     "submit": Field("SUBMIT", 19, lambda j: local(parse_stamp(j.get("submitted_at"))),
                     help="submit time (local)"),
     "start": Field("START", 19, lambda j: local(parse_stamp(j.get("started_at"))),

@@ -96,13 +96,15 @@ SLURM_OPTIONS: list[tuple[str, tuple[str, ...], str]] = [
     ("-e, --error=PATTERN", ("-e", "--error"), "as `--output`"),
     ("-t, --time=TIME", ("-t", "--time"), "the same notations; at the limit SIGTERM, SIGKILL "
      "after the agent's `--cancel-grace`"),
-    ("-D, --chdir=DIR", ("-D", "--chdir", "--workdir"), "default: the current directory"),
+    ("-D, --chdir=DIR (before Slurm 17.11: --workdir)", ("-D", "--chdir", "--workdir"),
+     "default: the current directory"),
     ("--export=ALL\\|NONE\\|VARS", ("--export",), "`NAME` or `NAME=VALUE`, comma-separated (a "
      "value with a comma: `--env`); `NONE` leaves a plain `PATH`; `--env` goes on top"),
     ("-a, --array=SPEC", ("-a", "--array"), "`N-M[:STEP]`, lists, `%MAX`; at most 1000 "
      "elements"),
-    ("-d, --dependency=LIST", ("-d", "--dependency"), "the kinds `tether submit --help` "
-     "lists"),
+    ("-d, --dependency=LIST", ("-d", "--dependency"), "`afterok`, `afternotok`, `afterany`, "
+     "`after`, `aftercorr` and `singleton`, Slurm's semantics (an array's id: all its "
+     "elements together, also as `ID_*`); no `?` (any of), no `+TIME`, no `expand`"),
     ("-b, --begin=TIME", ("-b", "--begin"), "`now+N[s\\|m\\|h\\|d]`, `HH:MM[:SS]`, "
      "`YYYY-MM-DD[THH:MM[:SS]]`"),
     ("-H, --hold", ("-H", "--hold"), "released by `tether release` (Slurm's `scontrol "
@@ -116,23 +118,30 @@ SLURM_OPTIONS: list[tuple[str, tuple[str, ...], str]] = [
     ("--gres, --gpus-per-task, --constraint, --exclusive", (), "none"),
     ("-i, --input, --open-mode", (), "none: stdin is `/dev/null`, outputs are truncated"),
     ("--signal, --mail-type, --mail-user", (), "none"),
-    ("", ("--pmi", "--env", "--json"), "tether's own: PMI served by the step's "
-     "supervisor, one variable at a time, the job object as JSON"),
+    ("", ("--pmi", "--env", "--json", "--export-slurm-env"), "tether's own: PMI served by "
+     "the step's supervisor, one variable at a time, the job object as JSON, Slurm's names of "
+     "the job variables (`SLURM_JOB_ID`, ...) beside tether's, never by default"),
 ]
 
 
 def slurm_options() -> str:
+    from tether.cli.batch import SBATCH_NAMES
     from tether.cli.parser import build_parser
 
     sub = build_parser(["submit"]).subcommand("submit")
     known = {o for a in sub._actions for o in a.option_strings}
     rows = ["| Slurm (`sbatch`) | `tether submit` | notes |", "|---|---|---|"]
+    shared: set[str] = set()
     for slurm, ours, note in SLURM_OPTIONS:
         missing = [o for o in ours if o not in known]
         if missing:
             raise SystemExit(f"slurm-options: tether submit has no {', '.join(missing)}")
+        shared |= set(re.findall(r"--?[a-zA-Z][a-z-]*", slurm)) & set(ours)
         names = ", ".join(f"`{o}`" for o in ours) or "none"
         rows.append(f"| {f'`{slurm}`' if slurm else 'none'} | {names} | {note} |")
+    if shared != SBATCH_NAMES:  # what an #SBATCH line may say: exactly the shared names
+        raise SystemExit(f"slurm-options: cli/batch.py SBATCH_NAMES differs from the table by "
+                         f"{sorted(shared ^ SBATCH_NAMES)}")
     return "\n".join(rows)
 
 

@@ -37,6 +37,8 @@ def probe_unix(path: str, timeout: float = 1.0) -> str | None:
     s.settimeout(timeout)
     try:
         s.connect(path)
+    except BlockingIOError:
+        return None  # its backlog is full: someone listens, and is busy refusing a flood
     except OSError as exc:
         return why_unreachable(exc)
     finally:
@@ -95,13 +97,24 @@ class Client:
     def _connected(self, deadline: float) -> _socket.socket:
         if self._sock is None:
             s = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM | _socket.SOCK_CLOEXEC)
-            s.settimeout(max(0.001, deadline - time.monotonic()))
-            try:
-                s.connect(self.path)
-            except OSError as exc:
-                s.close()
-                raise NotListening(f"cannot connect to {self.path}: "
-                                   f"{exc.strerror or exc}", why_unreachable(exc)) from None
+            while True:
+                s.settimeout(max(0.001, deadline - time.monotonic()))
+                try:
+                    s.connect(self.path)
+                    break
+                except BlockingIOError:
+                    # the door's backlog is full (a flood of connections it is refusing or
+                    # closing): that passes; try again until the deadline
+                    if time.monotonic() < deadline:
+                        time.sleep(0.005)
+                        continue
+                    s.close()
+                    raise NotListening(f"cannot connect to {self.path}: its backlog stayed "
+                                       "full", "its backlog stayed full") from None
+                except OSError as exc:
+                    s.close()
+                    raise NotListening(f"cannot connect to {self.path}: "
+                                       f"{exc.strerror or exc}", why_unreachable(exc)) from None
             s.setblocking(False)
             self._sock = s
             self._fresh = True  # nothing exchanged on it yet (``call``: a ZeroMQ peer?)

@@ -10,14 +10,21 @@ fails with EMFILE aborts libzmq. On a plain stream socket everything is ours to 
   that called connect()), never anything in a frame.
 - Framing (``framing.py``): each frame's declared size is checked before its body is read; at
   most one frame (plus one 64 KiB read) is buffered per connection; msgpack decodes with limits.
-- Caps (``door_caps.py``): connections per uid (and in all), unread reply bytes per connection
-  and per uid, partial-frame bytes per uid, requests in flight per connection, and a request
-  rate per uid (a token bucket). Hitting a cap never drops what was asked: the door simply stops
-  reading from that connection (the kernel's socket buffer holds the rest) until the peer reads
-  its replies, its requests are answered or the bucket refills. Over its partial-frame cap a
-  uid's connections pause but for the one holding the most of a frame, which is read on to its
-  end; once that frame is taken the others go on: only that uid waits, and never for good. A
-  connection over the connection caps is told so in one error frame (``busy``) and closed.
+- Caps (``door_caps.py``), per person (a uid with its subordinate uids: ``persons``, which
+  the agent gives from /etc/subuid): connections, unread reply bytes (and per connection),
+  partial-frame bytes, requests in flight (and per connection), and a request rate (a token
+  bucket). Hitting a person's cap never drops what was asked: the door simply stops reading
+  from that connection (the kernel's socket buffer holds the rest) until the peer reads its
+  replies, its requests are answered or the bucket refills. Over its partial-frame cap a
+  person's connections pause but for the one holding the most of a frame, which is read on to
+  its end; once that frame is taken the others go on: only that person waits, and never for
+  good. A connection over its person's connection cap is told so in one error frame (``busy``)
+  and closed.
+- Totals, shared fairly: connections, partial frames, unread replies and requests in flight of
+  everyone but the privileged. When one is reached the person holding the most yields: its
+  oldest idle (else newest) connection, or its connection holding the most of what is short,
+  gets one ``busy`` frame and is closed (``_make_room``, ``_evict``); the newcomer is refused
+  only when its own person holds as many connections (but one).
 - Root and the daemon's own uid are not rate-limited and have their own, larger connection cap,
   so no other user can lock them out.
 - Logs: a bad frame is logged at most once per connection per second, clipped to 200 bytes.
@@ -39,7 +46,7 @@ import time
 from collections.abc import Callable
 
 from tether.shared import framing, protocol, zmtp
-from tether.shared.door_caps import Caps, Limits, LogBudget
+from tether.shared.door_caps import IN, INFLIGHT, OUT, Caps, Limits, LogBudget
 from tether.shared.door_conn import Conn
 from tether.shared.door_listener import Listener
 from tether.shared.errors import Busy, TetherError
@@ -60,7 +67,8 @@ class Door:
                  log: logging.Logger, limits: Limits = _LIMITS,
                  privileged: frozenset[int] | None = None,
                  on_close: Callable[[Conn], None] | None = None,
-                 listen_fd: int | None = None) -> None:
+                 listen_fd: int | None = None,
+                 persons: Callable[[int], int] | None = None) -> None:
         self.path = path
         self.timers = timers
         self.on_request = on_request
@@ -68,15 +76,20 @@ class Door:
         self.name = name
         self.log = log
         self.caps = Caps(limits, privileged if privileged is not None
-                         else frozenset({0, os.getuid()}))
+                         else frozenset({0, os.getuid()}), persons)
         self.conns: dict[int, Conn] = {}
         self.ready: set[Conn] = set()
         #: connections waiting for their uid's bucket to refill
         self.throttled: set[Conn] = set()
+        #: connections waiting for everyone's unread replies to fall under their total
+        #: (door_caps.py, ``starved``)
+        self.starved: set[Conn] = set()
         self.throttle_timer: Timer | None = None
         self.last_refusal_log = -1e9
         self.log_budget = LogBudget()
         self.refused = 0
+        #: connections closed to make room for another person (door_caps.py, the totals)
+        self.evicted = 0
         self.ep = select.epoll()
         self.kick_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self.ep.register(self.kick_fd, _IN)
@@ -116,9 +129,12 @@ class Door:
 
     def send(self, conn: Conn, reply: protocol.Reply) -> None:
         """Queue the one reply to one of ``conn``'s requests (dropped if it went away)."""
-        conn.inflight = max(0, conn.inflight - 1)
-        if conn.closed:
+        if conn.closed:  # what it held was given back when it closed
+            conn.inflight = max(0, conn.inflight - 1)
             return
+        if conn.inflight > 0:
+            conn.inflight -= 1
+            self.caps.account(conn, inflight=-1)
         # a reply answers in its request's version (at most ``inflight_per_conn`` remembered)
         v = conn.versions.pop(reply.id, protocol.PROTOCOL_VERSION) if reply.id is not None \
             else protocol.PROTOCOL_VERSION
@@ -130,9 +146,13 @@ class Door:
                 reply.id, TetherError("internal error: reply too large")), v)
         self._queue(conn, conn.deframer.frame(data))
         self._flush(conn)
+        if not conn.closed and not conn.privileged:
+            # everyone's unread replies past their total: the largest of the person holding
+            # the most is closed (this one, if it is that: its peer is not reading)
+            self._make_room(OUT, 0, None)
         if not conn.closed:
             self._arm(conn)
-            self._wake_uid(conn.uid)
+            self._wake_uid(conn.person)
 
     def close(self, unlink: bool = True) -> None:
         """Close every connection and the listener; ``unlink`` the path (if it is still the
@@ -148,14 +168,29 @@ class Door:
 
     def stats(self) -> dict[str, int]:
         return {"connections": len(self.conns), "refused": self.refused,
+                "evicted": self.evicted,
                 "queued_bytes": sum(c.out_bytes for c in self.conns.values()),
                 "buffered_bytes": sum(c.deframer.buffered for c in self.conns.values())}
 
     # ---- connections -----------------------------------------------------------------------
 
     def _accept(self) -> None:
+        caps = self.caps
         for sock, pid, uid, gid in self.listener.accept():
-            why = self.caps.over_cap(uid, len(self.conns))
+            conn = Conn(sock, uid, gid, pid)
+            conn.privileged = uid in caps.privileged
+            conn.person = caps.person_of(uid)
+            why = caps.over_cap(conn)
+            if why is None and not conn.privileged and caps.conns_open >= caps.conns_total:
+                # every slot is taken: the person holding the most yields one, unless this
+                # one's own person holds as many
+                got = caps.conn_yielder(conn)
+                if isinstance(got, str):
+                    why = got
+                elif got is not None:
+                    self._evict(got, f"{caps.conns_open} connections open (at most "
+                                f"{caps.conns_total}): {caps.who(got)}, holding the most, "
+                                f"yields one to {caps.who(conn)}")
             if why is not None:
                 self.refused += 1
                 self._refusal(f"refused a connection from uid {uid} pid {pid}: {why}")
@@ -164,7 +199,6 @@ class Door:
                         protocol.error(None, Busy(f"{self.name}: {why}; try again later")))))
                 sock.close()
                 continue
-            conn = Conn(sock, uid, gid, pid)
             conn.door = self
             self.conns[conn.fd] = conn
             self.caps.joined(conn)
@@ -192,16 +226,46 @@ class Door:
         conn.sock.close()
         self.ready.discard(conn)
         self.throttled.discard(conn)
+        self.starved.discard(conn)
         if self.on_close is not None:
             self.on_close(conn)
-        self._wake_uid(conn.uid)
+        self._wake_uid(conn.person)
+        self._wake_starved()
+
+    def _evict(self, conn: Conn, why: str) -> None:
+        """Close ``conn`` to make room for another person (``_make_room``), telling its peer
+        why in one ``busy`` frame if its socket takes it."""
+        self.evicted += 1
+        self._refusal(f"closed a connection of {conn}: {why}")
+        if not conn.out:  # between frames (else a reply is half sent: just close)
+            with contextlib.suppress(OSError):  # best effort: one line for the client
+                conn.sock.send(framing.frame(protocol.encode_reply(protocol.error(
+                    None, Busy(f"{self.name}: {why}; try again later")))))
+        self._drop(conn)
+
+    def _make_room(self, kind: str, more: int, reader: Conn | None) -> None:
+        """Everyone's ``kind`` would pass its total with ``more``: close the connections
+        holding the most of it of the persons holding the most (never ``reader``) until it
+        would not, or nobody else holds any (door_caps.py, ``yielder``)."""
+        caps = self.caps
+        while caps.full(kind, more):
+            victim = caps.yielder(kind, reader)
+            if victim is None:
+                return
+            what = {IN: "bytes of partial frames", OUT: "bytes of unread replies",
+                    INFLIGHT: "requests in flight"}[kind]
+            self._evict(victim, f"{caps.totals[kind]} {what} held by all (at most "
+                        f"{caps.caps[kind]}): {caps.who(victim)} holds the most")
 
     # ---- reading ---------------------------------------------------------------------------
 
     def _read(self, conn: Conn) -> None:
-        if not self.caps.may_take(conn) or conn.deframer.buffered > protocol.MAX_FRAME:
+        if not self.caps.may_take(conn) or conn.deframer.buffered > protocol.MAX_FRAME \
+                or not self.caps.may_buffer(conn):  # as it is now, not as when it was armed
             self._arm(conn)
             return
+        if not conn.privileged:
+            self._make_room(IN, _READ, conn)
         try:
             data = conn.sock.recv(_READ)
         except BlockingIOError:
@@ -217,7 +281,7 @@ class Door:
             if framing.looks_like_zmtp(data):
                 conn.deframer = zmtp.Codec()
         conn.deframer.feed(data)
-        self.caps.account(conn.uid, inn=len(data))
+        self.caps.account(conn, inn=len(data))
         self._process(conn)
         if not conn.closed:
             self._arm(conn)
@@ -238,7 +302,7 @@ class Door:
                 self._drop(conn)
                 return
             except framing.FrameTooLarge as exc:
-                conn.inflight += 1
+                self._took(conn)
                 self._bad(conn, str(exc), None)
                 conn.closing = True  # the stream cannot be resynchronised: answer, then close
                 self._taken(conn, conn.deframer.buffered)
@@ -254,7 +318,7 @@ class Door:
             payload = conn.deframer.next()
             assert payload is not None
             self._taken(conn, before - conn.deframer.buffered)
-            conn.inflight += 1
+            self._took(conn)
             try:
                 req = protocol.decode_request(payload)
             except TetherError as exc:
@@ -266,14 +330,22 @@ class Door:
             conn.versions[req.id] = req.v
             self.on_request(conn, req)
 
+    def _took(self, conn: Conn) -> None:
+        """One more request of ``conn`` in flight; past everyone's total, the person holding
+        the most yields."""
+        if not conn.privileged:
+            self._make_room(INFLIGHT, 1, conn)
+        conn.inflight += 1
+        self.caps.account(conn, inflight=1)
+
     def _taken(self, conn: Conn, size: int) -> None:
         """``size`` bytes of ``conn``'s buffer are gone (a frame taken or dropped): if its uid
         was over its partial-frame cap, its paused connections may go on (door_caps.py,
         ``may_buffer``: the next one to finish is picked, or all once under the cap)."""
-        over = self.caps.over_in(conn.uid)
-        self.caps.account(conn.uid, inn=-size)
+        over = self.caps.over_in(conn.person)
+        self.caps.account(conn, inn=-size)
         if over:
-            self._wake_uid(conn.uid)
+            self._wake_uid(conn.person)
 
     def _bad(self, conn: Conn, message: str, rid: protocol.RequestId | None,
              exc: TetherError | None = None) -> None:
@@ -299,7 +371,7 @@ class Door:
 
     def _spend(self, conn: Conn) -> bool:
         """Take one token from the uid's bucket; False (and a refill timer) when empty."""
-        refill = self.caps.spend(conn.uid)
+        refill = self.caps.spend(conn)
         if refill is None:
             return True
         if self.throttle_timer is None:
@@ -319,7 +391,7 @@ class Door:
     def _queue(self, conn: Conn, data: bytes) -> None:
         conn.out.append(memoryview(data))
         conn.out_bytes += len(data)
-        self.caps.account(conn.uid, out=len(data))
+        self.caps.account(conn, out=len(data))
 
     def _flush(self, conn: Conn) -> None:
         sent_total = 0
@@ -339,8 +411,9 @@ class Door:
             conn.out.popleft()
         if sent_total:
             conn.out_bytes -= sent_total
-            self.caps.account(conn.uid, out=-sent_total)
-            self._wake_uid(conn.uid)
+            self.caps.account(conn, out=-sent_total)
+            self._wake_uid(conn.person)
+            self._wake_starved()
         if conn.closing and not conn.out:
             self._drop(conn)
             return
@@ -352,6 +425,8 @@ class Door:
         if conn.closed:
             return
         mask = _OUT if conn.out else 0
+        if not conn.privileged and self.caps.starved(self.caps.out_by_uid.get(conn.person, 0)):
+            self.starved.add(conn)
         if (self.caps.may_take(conn) and conn not in self.throttled
                 and self.caps.may_buffer(conn)):
             if conn.deframer.wanted() > 0 or not conn.deframer.buffered:
@@ -363,12 +438,22 @@ class Door:
             conn.mask = mask
             self.ep.modify(conn.fd, mask)
 
-    def _wake_uid(self, uid: int) -> None:
-        """A budget of ``uid`` shrank: its paused connections may go on."""
-        for conn in self.caps.by_uid.get(uid, ()):
+    def _wake_uid(self, person: int) -> None:
+        """A budget of ``person`` shrank: its paused connections may go on."""
+        for conn in self.caps.by_uid.get(person, ()):
             if not conn.mask & _IN and self.caps.may_take(conn) and conn not in self.throttled:
                 self.ready.add(conn)
         if self.ready:
+            self._kick()
+
+    def _wake_starved(self) -> None:
+        """Everyone's unread replies are back under their total: whoever waited for that may
+        go on."""
+        if self.starved and self.caps.totals[OUT] <= self.caps.limits.out_total:
+            waiting, self.starved = self.starved, set()
+            for conn in waiting:
+                if not conn.closed:
+                    self.ready.add(conn)
             self._kick()
 
     def _kick(self) -> None:

@@ -27,6 +27,10 @@ class Conn:
         self.sock = sock
         self.fd = sock.fileno()
         self.uid, self.gid, self.pid = uid, gid, pid
+        #: who it counts as in the door's caps: its uid's login for a subordinate uid
+        #: (door_caps.py), and whether it is root or the daemon's own uid
+        self.person = uid
+        self.privileged = False
         self.serial = next(self._serials)
         #: the door that accepted it, which every reply to it goes through (a daemon may have
         #: several: a supervisor's ctl door and its door)

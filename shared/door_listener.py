@@ -96,7 +96,7 @@ def _bind(path: str) -> socket.socket:
     old = os.umask(0o111)
     try:
         sock.bind(path)
-        sock.listen(256)
+        sock.listen(1024)  # a flood's connections wait here while the door refuses them
     except BaseException:
         sock.close()
         raise

@@ -66,6 +66,13 @@ class Busy(TetherError):
     code = "busy"
 
 
+class LimitError(TetherError):
+    """The caller's user is at one of her limits (pending jobs, her share of the state
+    directory): nothing was changed; it passes as her jobs start or end."""
+
+    code = "limit"
+
+
 class Unavailable(TetherError):
     """The node cannot do it now (for instance its state directory is full); try later."""
 
@@ -99,6 +106,7 @@ ERROR_CODES = {
         ResourceError,
         LaunchError,
         Busy,
+        LimitError,
         Unavailable,
     )
 }

@@ -108,6 +108,9 @@ FAULTS = (
     Fault("TETHER_RECORD_CALLS", "DIR", "each supervisor forked from the template",
           "writes `DIR/PID.calls` as it exits: every function it ran, in the order it first "
           "ran them (`python -m bench.hotcode` makes the list the template packs from them)"),
+    Fault("TETHER_SUBUID_FILE", "PATH", "the agent",
+          "reads the subordinate uids' ranges (who counts as whom at its door) from PATH "
+          "instead of `/etc/subuid` (the same checks: root's, writable by no one else)"),
 )
 
 _NAMES = {(f.variable, f.name) for f in FAULTS}

@@ -3,7 +3,9 @@
 ``--time``: ``M``, ``M:S``, ``H:M:S``, ``D-H``, ``D-H:M``, ``D-H:M:S`` (sbatch(1)), in seconds.
 ``--array``: ``0-99``, ``0-99:STEP``, ``1,3,5-7``, any of them followed by ``%MAX``.
 ``--dependency``: ``afterok:ID[:ID...]``, ``afterany:...``, ``afternotok:...``, comma-separated;
-an ID is a job id or ``ARRAY_INDEX`` (one element of an array).
+an ID is a job id or ``ARRAY_INDEX`` (one element of an array). A node also takes Slurm's
+``after:ID`` (started), ``aftercorr:ID`` (an array's elements pairwise) and ``singleton``
+(``NODE_KINDS``); a cluster's submission takes the first three only (``DEPENDENCY_KINDS``).
 ``--begin``: ``now``, ``now+N[s|m|h|d]`` (seconds without a unit), ``HH:MM[:SS]`` (today, or
 tomorrow once that time has passed), ``YYYY-MM-DD[THH:MM[:SS]]``, local time.
 
@@ -22,6 +24,8 @@ MAX_TIME = 366 * 24 * 3600
 MAX_ARRAY = 1000
 MAX_INDEX = 999_999
 DEPENDENCY_KINDS = ("afterok", "afterany", "afternotok")
+#: what one node's agent takes (agent/schedule.py ``dependency_state`` says what each means)
+NODE_KINDS = (*DEPENDENCY_KINDS, "after", "aftercorr", "singleton")
 
 _TIME_FORMS = (
     (re.compile(r"(\d+)"), ("m",)),
@@ -97,27 +101,47 @@ def parse_job_ref(text: str) -> tuple[int, int | None]:
     return int(m.group(1)), None if m.group(2) is None else int(m.group(2))
 
 
-def parse_dependency(text: str) -> list[tuple[str, int, int | None]]:
-    """(kind, job id, array index or None) for each job named, in order."""
+def parse_dependency(text: str, kinds: tuple[str, ...] = DEPENDENCY_KINDS,
+                     ) -> list[tuple[str, int, int | None]]:
+    """(kind, job id, array index or None) for each job named, in order; ``singleton`` names
+    none and is ``("singleton", 0, None)``. ``ID_*`` is Slurm's spelling of a whole array
+    (``ID``)."""
     deps: list[tuple[str, int, int | None]] = []
     if "?" in text:
         raise ValueError(f"dependency {text!r}: '?' (any of) is not supported; use ','")
     for part in text.strip().split(","):
         kind, _, ids = part.strip().partition(":")
-        if kind not in DEPENDENCY_KINDS:
+        if kind not in kinds:
             raise ValueError(f"dependency {text!r}: {kind!r} is not one of "
-                             f"{', '.join(DEPENDENCY_KINDS)}")
+                             f"{', '.join(kinds)}")
+        if kind == "singleton":
+            if ids:
+                raise ValueError(f"dependency {text!r}: singleton names no job")
+            deps.append((kind, 0, None))
+            continue
         if not ids:
             raise ValueError(f"dependency {text!r}: {kind} names no job ({kind}:ID)")
         for ref in ids.split(":"):
             try:
-                job, index = parse_job_ref(ref)
+                job, index = parse_job_ref(ref.removesuffix("_*"))
             except ValueError as exc:
                 raise ValueError(f"dependency {text!r}: {exc}") from None
+            if ref.endswith("_*") and index is not None:
+                raise ValueError(f"dependency {text!r}: {ref!r} is not a job id")
             deps.append((kind, job, index))
     if len(deps) > 1000:
         raise ValueError(f"dependency {text!r}: more than 1000 jobs")
     return deps
+
+
+def array_facts(indices: list[int]) -> dict[str, str]:
+    """An array's variables, the same in each element's environment (Slurm's
+    ``SLURM_ARRAY_TASK_COUNT``, ``_MIN``, ``_MAX``, ``_STEP``): ``indices`` sorted; the step
+    is the distance between neighbours when every one is the same, else 1."""
+    steps = {b - a for a, b in zip(indices, indices[1:], strict=False)}
+    return {"TETHER_ARRAY_TASK_COUNT": str(len(indices)),
+            "TETHER_ARRAY_TASK_MIN": str(indices[0]), "TETHER_ARRAY_TASK_MAX": str(indices[-1]),
+            "TETHER_ARRAY_TASK_STEP": str(steps.pop() if len(steps) == 1 else 1)}
 
 
 _BEGIN_UNITS = {"": 1, "s": 1, "sec": 1, "seconds": 1, "m": 60, "min": 60, "minutes": 60,

@@ -99,6 +99,11 @@ class RunDir(Frozen):
         return os.path.join(self.path, "exit.json")
 
     @property
+    def script(self) -> str:
+        """A batch job's script, as submitted (the supervisor hands it to the tasks)."""
+        return os.path.join(self.path, "script")
+
+    @property
     def suspension(self) -> str:
         """The agent's account of the step's suspensions, for its time limit (the agent
         freezes the step; the supervisor does not see it)."""

@@ -51,6 +51,8 @@ KIND_SINCE: dict[str, int] = {
     # issue 9, the same release: freeze and thaw a running job (an older agent answers
     # unknown_kind, which is the truth: it cannot)
     "suspend": 3, "resume": 3,
+    # issue 28, release 0.6.0: the accounting history (an older agent answers unknown_kind)
+    "acct": 3,
 }
 
 

@@ -290,6 +290,34 @@ class StepCgroup:
                 "oom_kill", 0)
         return 0
 
+    def usage(self) -> dict[str, float | int | None]:
+        """What the step used in all, as its cgroup counted it (read at its end, before the
+        directories go): CPU seconds in user and system mode (every process of the step, an
+        unwaited daemon's too) and the memory peak in bytes (page cache included: what its
+        memory limit is enforced against); None where this host does not count it (cgroup v2
+        before Linux 5.19 has no ``memory.peak``)."""
+        user = system = peak = None
+        if "memory" in self.dirs:
+            peak = _read_int(os.path.join(self.dirs["memory"], "memory.max_usage_in_bytes"))
+        elif UNIFIED in self.dirs:
+            peak = _read_int(os.path.join(self.dirs[UNIFIED], "memory.peak"))
+        if "cpuacct" in self.dirs:
+            d = self.dirs["cpuacct"]
+            u_ns = _read_int(os.path.join(d, "cpuacct.usage_user"))
+            s_ns = _read_int(os.path.join(d, "cpuacct.usage_sys"))
+            if u_ns is not None and s_ns is not None:
+                user, system = u_ns / 1e9, s_ns / 1e9
+            else:  # older kernels: clock ticks
+                ticks = read_keyed(os.path.join(d, "cpuacct.stat"))
+                hz = os.sysconf("SC_CLK_TCK")
+                if "user" in ticks and "system" in ticks:
+                    user, system = ticks["user"] / hz, ticks["system"] / hz
+        elif UNIFIED in self.dirs:
+            stat = read_keyed(os.path.join(self.dirs[UNIFIED], "cpu.stat"))
+            if "user_usec" in stat and "system_usec" in stat:
+                user, system = stat["user_usec"] / 1e6, stat["system_usec"] / 1e6
+        return {"cpu_user": user, "cpu_system": system, "memory_peak": peak}
+
     def stats(self) -> dict[str, Any]:
         """Memory current and peak (bytes), CPU seconds and pids, from the kernel's counters;
         None where this host does not count it."""

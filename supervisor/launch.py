@@ -12,6 +12,8 @@ inherits the affinity of the thread that forked it, so no ``preexec_fn`` runs in
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
 import logging
 import os
 import subprocess
@@ -19,7 +21,7 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from typing import Any
 
-from tether.shared import outpattern
+from tether.shared import batch, outpattern
 from tether.shared.procid import boot_ticks, start_ticks
 from tether.supervisor.opener import LaunchFailed, Opened, runs_as_other_user
 from tether.supervisor.step import Step, Task, bounded
@@ -62,13 +64,88 @@ def task_env(spec: dict[str, Any], rank: int) -> dict[str, str]:
     if isinstance(array, dict):
         env["TETHER_ARRAY_JOB_ID"] = str(array.get("id"))
         env["TETHER_ARRAY_TASK_ID"] = str(array.get("index"))
+    if spec.get("slurm_env") is True:  # submit --export-slurm-env: asked for, never by default
+        env.update(slurm_env(env, spec))
     return env
 
 
-def _exec_reason(exc: OSError, spec: dict[str, Any], cwd: str) -> str:
+#: Slurm's names of the job variables (``submit --export-slurm-env``): each a copy of tether's
+SLURM_NAMES: dict[str, tuple[str, ...]] = {
+    "TETHER_JOB_ID": ("SLURM_JOB_ID", "SLURM_JOBID"),
+    "TETHER_JOB_NAME": ("SLURM_JOB_NAME",),
+    "TETHER_NTASKS": ("SLURM_NTASKS", "SLURM_NPROCS"),
+    "TETHER_TASK_ID": ("SLURM_PROCID", "SLURM_LOCALID"),
+    "TETHER_ARRAY_JOB_ID": ("SLURM_ARRAY_JOB_ID",),
+    "TETHER_ARRAY_TASK_ID": ("SLURM_ARRAY_TASK_ID",),
+    "TETHER_ARRAY_TASK_COUNT": ("SLURM_ARRAY_TASK_COUNT",),
+    "TETHER_ARRAY_TASK_MIN": ("SLURM_ARRAY_TASK_MIN",),
+    "TETHER_ARRAY_TASK_MAX": ("SLURM_ARRAY_TASK_MAX",),
+    "TETHER_ARRAY_TASK_STEP": ("SLURM_ARRAY_TASK_STEP",),
+    "TETHER_SUBMIT_DIR": ("SLURM_SUBMIT_DIR",),
+}
+
+
+def slurm_env(env: dict[str, str], spec: dict[str, Any]) -> dict[str, str]:
+    """The Slurm-named copies of a task's job variables (``env``, tether's already set), and
+    what Slurm says of the one node a tether job runs on."""
+    out = {name: env[var] for var, names in SLURM_NAMES.items() if var in env for name in names}
+    cpus = spec["cpus"]
+    out.update(SLURM_NNODES="1", SLURM_JOB_NUM_NODES="1", SLURM_NODEID="0",
+               SLURM_CPUS_PER_TASK=str(len(cpus) // spec["ntasks"] if cpus else 1),
+               SLURM_JOB_CPUS_PER_NODE=str(len(cpus)), SLURM_TASKS_PER_NODE=str(spec["ntasks"]))
+    node = spec.get("node")
+    if isinstance(node, str) and node:
+        out.update(SLURM_JOB_NODELIST=node, SLURM_NODELIST=node, SLURMD_NODENAME=node)
+    if spec.get("memory_mb"):
+        out["SLURM_MEM_PER_NODE"] = str(spec["memory_mb"])
+    return out
+
+
+def _exec_reason(exc: OSError, spec: dict[str, Any], cwd: str, program: str) -> str:
     if exc.filename in (spec["workdir"], cwd):
         return f"cannot enter working directory {spec['workdir']}: {exc.strerror}"
-    return f"cannot execute {spec['command'][0]!r}: {exc.strerror}"
+    return f"cannot execute {program!r}: {exc.strerror}"
+
+
+def script_fd(spec: dict[str, Any]) -> int | None:
+    """A batch job's script (``spec["script"]``, the agent's copy in the run directory) in a
+    sealed memfd for the tasks to read: no file of any user's is involved, and no task can
+    change what the others read. None for a job whose command is a program."""
+    path = spec.get("script")
+    if not path:
+        return None
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            data = b""
+            while chunk := os.read(fd, 1 << 16):
+                data += chunk
+                if len(data) > batch.MAX_SCRIPT:
+                    raise OSError(errno.EFBIG, "longer than a script may be")
+        finally:
+            os.close(fd)
+        mfd = os.memfd_create(f"tether-script-{spec['job']}",
+                              os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    except OSError as exc:
+        raise LaunchFailed(f"cannot read the job's script: {exc.strerror or exc}") from None
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(mfd, view):]
+        fcntl.fcntl(mfd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW
+                    | fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SEAL)
+    except OSError as exc:
+        os.close(mfd)
+        raise LaunchFailed(f"cannot hand the job's script over: {exc.strerror}") from None
+    spec["script_argv"] = [*batch.interpreter(data), f"/proc/self/fd/{mfd}"]
+    return mfd
+
+
+def argv_of(spec: dict[str, Any]) -> list[str]:
+    """What a task executes: the command, or for a batch job its script's interpreter, the
+    script (on the fd ``script_fd`` made) and the script's arguments."""
+    head = spec.get("script_argv")
+    return spec["command"] if head is None else [*head, *spec["command"][1:]]
 
 
 def _skip_rest(step: Step, why: str) -> None:
@@ -103,6 +180,8 @@ class Launcher:
         #: called once the first task is started, before the next (the ``hold-after-task``
         #: test fault: a test looks at this process between two forks)
         self.after_first: Callable[[], None] | None = None
+        #: a batch job's script while the tasks are started (``script_fd``)
+        self.script: int | None = None
 
     def launch(self, spec: dict[str, Any], step: Step, opened: Opened | LaunchFailed) -> None:
         """Start every task on what the opener handed back (or record why it could not).
@@ -121,6 +200,13 @@ class Launcher:
             log.warning("the job's user may not read its output files: inspect --output and "
                         "attach will say so")
         try:
+            try:
+                self.script = script_fd(spec)
+            except LaunchFailed as exc:
+                step.tasks[0].record_launch_failure(str(exc))
+                step.note_exit(step.tasks[0])
+                _skip_rest(step, str(exc))
+                raise
             for task in step.tasks:
                 # each task's files (its own with %t, else everyone's the same)
                 out = opened.outputs[outpattern.for_task(spec["output"], task.rank)]
@@ -134,6 +220,9 @@ class Launcher:
                     self.after_first()
         finally:
             opened.close()
+            if self.script is not None:  # the tasks hold it now
+                os.close(self.script)
+                self.script = None
 
     def _start(self, spec: dict[str, Any], task: Task, out: int, err: int, wd: int) -> None:
         env = task_env(spec, task.rank)
@@ -143,6 +232,9 @@ class Launcher:
         if self.prepare is not None:
             extra, pass_fds = self.prepare(task.rank)
             env.update(extra)
+        if self.script is not None:
+            pass_fds = (*pass_fds, self.script)
+        argv = argv_of(spec)
         who: dict[str, Any] = {}
         if runs_as_other_user(spec):
             who = {"user": spec["uid"], "group": spec["gid"], "extra_groups": spec["groups"]}
@@ -153,10 +245,10 @@ class Launcher:
         try:
             with self.contain(), _pinned(task.rank, spec["affinity"][task.rank]):
                 before = boot_ticks()
-                proc = self._popen(spec, who, out, err, cwd, env, pass_fds)
+                proc = self._popen(spec, argv, who, out, err, cwd, env, pass_fds)
                 after = boot_ticks()
         except OSError as exc:
-            task.record_launch_failure(_exec_reason(exc, spec, cwd))
+            task.record_launch_failure(_exec_reason(exc, spec, cwd, argv[0]))
             log.warning("task %d: %s", task.rank, task.reason)
             try:  # where the user looks first; `show` has it too
                 os.write(err, f"tether: task {task.rank}: {task.reason}\n".encode())
@@ -173,10 +265,11 @@ class Launcher:
         task.start_ticks = before if before == after else (start_ticks(proc.pid) or 0)
 
     @staticmethod
-    def _popen(spec: dict[str, Any], who: dict[str, Any], out: int, err: int, cwd: str,
-               env: dict[str, str], pass_fds: tuple[int, ...]) -> subprocess.Popen[bytes]:
+    def _popen(spec: dict[str, Any], argv: list[str], who: dict[str, Any], out: int, err: int,
+               cwd: str, env: dict[str, str], pass_fds: tuple[int, ...],
+               ) -> subprocess.Popen[bytes]:
         return subprocess.Popen(
-                spec["command"],
+                argv,
                 **who,
                 stdin=subprocess.DEVNULL,
                 stdout=out,

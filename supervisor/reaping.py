@@ -18,7 +18,7 @@ import time
 
 from tether.shared.timers import rfc3339_now
 from tether.supervisor.state import SupervisorState, killpg
-from tether.supervisor.step import Phase, signal_name
+from tether.supervisor.step import Phase, signal_name, usage_of
 from tether.supervisor.sweeper import read_children, scan_children
 
 log = logging.getLogger("tether.supervisor")
@@ -142,6 +142,9 @@ class Reaping(SupervisorState):
         if self.drain_check is not None:
             self.drain_check.cancel()
             self.drain_check = None
+        # what the step used, while its cgroup's counters are still there (the record's usage)
+        self.step.usage = usage_of(self.step.tasks,
+                                   self.cgroup.usage() if self.cgroup.active else {})
         if self.cgroup.active:
             if not self.cgroup.empty():
                 log.error("processes %s are still in the step's cgroup after %gs; ending the "

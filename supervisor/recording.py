@@ -37,6 +37,8 @@ class Recording(SupervisorState):
             "started_at": self.step.started_at, "ended_at": self.step.ended_at,
         }
         rec.update(self.step.outcome())
+        if self.step.usage is not None:  # what the step used (an aborted step used nothing)
+            rec["usage"] = self.step.usage
         return rec
 
     def write_record(self) -> None:

@@ -124,6 +124,8 @@ class Step:
     launched_mono: float | None = None
     #: a PMI step whose ranks all ended without a word of PMI (pmi_loop.py, ``note_pmi_unused``)
     pmi_unused: bool = False
+    #: what the step used in all, measured at its end (``usage_of``; the exit record's ``usage``)
+    usage: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if not self.tasks:
@@ -214,3 +216,17 @@ class Step:
                 **({"pmi_unused": True} if self.pmi_unused else {}),
                 "core_dumped": bool(sig is not None and bad is not None and bad.core_dumped),
                 "reason": None if reason is None else bounded(reason)}
+
+
+def usage_of(tasks: list[Task], counted: dict[str, Any]) -> dict[str, Any]:
+    """The exit record's ``usage``: CPU seconds (user, system) and the memory peak (KiB) from
+    the step's cgroup (``counted``: StepCgroup.usage, empty without one), each figure it lacks
+    from the tasks' rusage (each task and the children it waited for: a CPU sum, the largest
+    peak resident set); ``task_maxrss_kb`` is that largest task's peak either way."""
+    task_peak = max((t.maxrss_kb for t in tasks), default=0)
+    user, system, peak = (counted.get(k) for k in ("cpu_user", "cpu_system", "memory_peak"))
+    if user is None or system is None:
+        user, system = sum(t.utime for t in tasks), sum(t.stime for t in tasks)
+    return {"cpu_user": round(float(user), 3), "cpu_system": round(float(system), 3),
+            "maxrss_kb": task_peak if peak is None else int(peak) // 1024,
+            "task_maxrss_kb": task_peak, "source": "rusage" if peak is None else "cgroup"}

@@ -199,6 +199,52 @@ def test_dependency_state(deps: list[tuple[str, int]], states: dict[int, str],
     assert dependency_state(deps, states) == want
 
 
+#: an array (id 10) of three elements, by index: (kind, array states) -> verdict (issue 28,
+#: point 4: Slurm's semantics, where one failed element used to cancel afterok and afternotok
+#: dependents alike)
+ARRAY_DEPS = [
+    ("afterok", ["completed", "completed", "completed"], SATISFIED),
+    ("afterok", ["completed", "running", "pending"], WAITING),
+    ("afterok", ["completed", "failed", "running"], NEVER),
+    ("afternotok", ["completed", "failed", "running"], WAITING),  # not all ended yet
+    ("afternotok", ["completed", "failed", "completed"], SATISFIED),
+    ("afternotok", ["timeout", "cancelled", "lost"], SATISFIED),
+    ("afternotok", ["completed", "completed", "completed"], NEVER),
+    ("afternotok", ["completed", "completed", "running"], WAITING),
+    ("afterany", ["completed", "failed", "running"], WAITING),
+    ("afterany", ["completed", "failed", "cancelled"], SATISFIED),
+    ("after", ["running", "completed", "pending"], WAITING),
+    ("after", ["running", "completed", "starting"], SATISFIED),
+    ("after", ["cancelled", "running", "failed"], SATISFIED),
+]
+
+
+@pytest.mark.parametrize("kind, states, want", ARRAY_DEPS)
+def test_dependency_on_a_whole_array(kind: str, states: list[str], want: str) -> None:
+    arrays = {10: dict(enumerate(states))}
+    assert dependency_state([(kind, -10)], {}, arrays) == want
+    # one element named (ID_INDEX: its own job id) is a job of its own, as before
+    assert dependency_state([(kind, 11)], {11: states[1]}) == dependency_state(
+        [(kind, -10)], {}, {10: {1: states[1]}})
+
+
+@pytest.mark.parametrize("index, want", [(0, SATISFIED), (1, NEVER), (2, WAITING),
+                                         (7, NEVER), (None, NEVER)])
+def test_aftercorr_pairs_elements_by_index(index: int | None, want: str) -> None:
+    """Element i waits for element i of the other array; one without a counterpart waits for
+    the whole array, as afterok."""
+    arrays = {10: {0: "completed", 1: "failed", 2: "running"}}
+    assert dependency_state([("aftercorr", -10)], {}, arrays, index) == want
+
+
+def test_singleton_waits_while_busy_and_unknown_arrays_never_satisfy() -> None:
+    assert dependency_state([("singleton", 0)], {}, busy=True) == WAITING
+    assert dependency_state([("singleton", 0)], {}, busy=False) == SATISFIED
+    assert dependency_state([("singleton", 0), ("afterok", 1)], {1: "running"}) == WAITING
+    assert dependency_state([("afterok", -10)], {}, {}) == NEVER
+    assert dependency_state([("afterany", -10)], {}, {10: {}}) == NEVER
+
+
 @pytest.mark.parametrize("text, seconds", [
     ("5", 300), ("0:02", 2), ("1:30", 90), ("2:00:00", 7200), ("1-0", 86400),
     ("1-2", 93600), ("1-2:30", 95400), ("0-0:0:5", 5), ("90", 5400), ("01:02:03", 3723),
@@ -243,9 +289,28 @@ def test_dependencies() -> None:
     assert jobopts.parse_dependency("afterok:3:4_2,afterany:9") == [
         ("afterok", 3, None), ("afterok", 4, 2), ("afterany", 9, None)]
     for bad, why in (("after:3", "not one of"), ("afterok", "names no job"),
-                     ("afterok:x", "not a job id"), ("afterok:1?afterany:2", "not supported")):
+                     ("afterok:x", "not a job id"), ("afterok:1?afterany:2", "not supported"),
+                     ("singleton", "not one of")):  # a cluster's kinds: the first three
         with pytest.raises(ValueError, match=why):
             jobopts.parse_dependency(bad)
+    # a node's: Slurm's after, aftercorr and singleton too; ID_* is the whole array
+    assert jobopts.parse_dependency("after:3,aftercorr:5_*,singleton,afterok:4_2",
+                                    jobopts.NODE_KINDS) == [
+        ("after", 3, None), ("aftercorr", 5, None), ("singleton", 0, None), ("afterok", 4, 2)]
+    for bad, why in (("singleton:3", "names no job"), ("afterok:4_2_*", "not a job id"),
+                     ("before:3", "not one of")):
+        with pytest.raises(ValueError, match=why):
+            jobopts.parse_dependency(bad, jobopts.NODE_KINDS)
+
+
+@pytest.mark.parametrize("indices, step", [([0, 1, 2], 1), ([1, 3, 5, 7], 2), ([4], 1),
+                                           ([1, 2, 4], 1), ([0, 10], 10)])
+def test_array_facts(indices: list[int], step: int) -> None:
+    facts = jobopts.array_facts(indices)
+    assert facts == {"TETHER_ARRAY_TASK_COUNT": str(len(indices)),
+                     "TETHER_ARRAY_TASK_MIN": str(indices[0]),
+                     "TETHER_ARRAY_TASK_MAX": str(indices[-1]),
+                     "TETHER_ARRAY_TASK_STEP": str(step)}
 
 
 def test_begin_times() -> None:

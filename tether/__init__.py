@@ -8,4 +8,4 @@ in a built wheel ``pyproject.toml`` maps the folders into this package.
 
 #: The release. Bumped by every change to the wire protocol, the on-disk records or the database
 #: schema, so that two builds that cannot be told apart by it speak the same.
-__version__ = "0.5.0"
+__version__ = "0.6.0"
