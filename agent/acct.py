@@ -105,6 +105,16 @@ def record(db: Store, job: Job, usage: Usage | None) -> None:
     db._exec(_INSERT, row_of(job, usage))
 
 
+def usage_of(db: Store, job: int) -> dict[str, Any] | None:
+    """What an ended job's step used, as its row holds it (for the cluster's record of it)."""
+    row = db.conn.execute("SELECT cpu_user, cpu_system, maxrss_kb, task_maxrss_kb, usage_from, "
+                          "oom, suspended FROM job_acct WHERE job = ?", (job,)).fetchone()
+    if row is None:
+        return None
+    return dict(zip(("cpu_user", "cpu_system", "maxrss_kb", "task_maxrss_kb", "usage_from",
+                     "oom", "suspended"), row, strict=True))
+
+
 def states_of(db: Store, ids: set[int]) -> dict[int, str]:
     """How these jobs ended, for those the history holds."""
     out: dict[int, str] = {}

@@ -263,13 +263,10 @@ def list_jobs(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
     return {"jobs": out, "more": len(jobs) > limit}
 
 
-def acct_jobs(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
-    """A page of the accounting history (agent/acct.py), filtered here: ``jobs`` ([ID, INDEX
-    or None], ...), ``users``, ``states``, ``names`` (lists), ``since``/``until`` (epoch
-    seconds), ``mine`` (the caller's own jobs, by the kernel's uid of the connection)."""
-    args = req.args
-    check_known(args, req.kind, ("after", "limit", "jobs", "users", "states", "names", "since",
-                                 "until", "mine"))
+def acct_args(args: Any, kind: str) -> dict[str, Any]:
+    """``acct``'s arguments, checked (on one node and for a cluster alike)."""
+    check_known(args, kind, ("after", "limit", "jobs", "users", "states", "names", "since",
+                             "until", "mine"))
     after = arg_int(args, "after", default=0, minimum=0)
     limit = arg_int(args, "limit", default=LIST_PAGE, minimum=1, maximum=LIST_PAGE)
     refs = None
@@ -291,6 +288,17 @@ def acct_jobs(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
     mine = args.get("mine", False)
     if not isinstance(mine, bool):
         raise BadRequest("argument 'mine' must be true or false")
+    return {"after": after, "limit": limit, "refs": refs, "lists": lists, "since": since,
+            "until": until, "mine": mine}
+
+
+def acct_jobs(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
+    """A page of the accounting history (agent/acct.py), filtered here: ``jobs`` ([ID, INDEX
+    or None], ...), ``users``, ``states``, ``names`` (lists), ``since``/``until`` (epoch
+    seconds), ``mine`` (the caller's own jobs, by the kernel's uid of the connection)."""
+    a = acct_args(req.args, req.kind)
+    after, limit, refs, lists, since, until, mine = (
+        a[k] for k in ("after", "limit", "refs", "lists", "since", "until", "mine"))
     rows = acct.query(agent.db, after=after, limit=limit + 1, refs=refs, users=lists["users"],
                       states=lists["states"], names=lists["names"], since=since, until=until,
                       uid=peer.uid if mine else None)

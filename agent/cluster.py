@@ -46,7 +46,7 @@ import psycopg
 import zmq
 
 import tether
-from tether.agent import cluster_db, cluster_local, lifecycle_effects
+from tether.agent import acct, cluster_db, cluster_local, lifecycle_effects
 from tether.agent.cluster_pass import Outcome, Passes, Snapshot
 from tether.agent.cluster_relay import RelayServer
 from tether.agent.job import FINAL, Job
@@ -210,7 +210,8 @@ class ClusterNode:
             if job is None:
                 continue
             if state in FINAL:
-                snap.results.append((job.id, run.cluster_job, run.attempt, result_of(job)))
+                result = dict(result_of(job), usage=acct.usage_of(db, job.id))
+                snap.results.append((job.id, run.cluster_job, run.attempt, result))
             elif job.state == "running":
                 snap.running[(run.cluster_job, run.attempt)] = {
                     "local_job": job.id, "started_at": job.started_at, "cpus": job.cpus,

@@ -231,16 +231,8 @@ class ClusterRequests:
         after = arg_int(req.args, "after", default=0, minimum=0)
         limit = arg_int(req.args, "limit", default=LIST_PAGE, minimum=1, maximum=LIST_PAGE)
 
-        def page(jobs: list[dict[str, Any]]) -> Any:
-            out: list[dict[str, Any]] = []
-            size = 0
-            for job in jobs[:limit]:
-                size += len(msgpack.packb(job))
-                if out and size > LIST_PAGE_BYTES:
-                    return {"jobs": out, "more": True}
-                out.append(job)
-            return {"jobs": out, "more": len(jobs) > limit}
-        return self.run(peer, req.id, lambda c: cluster_db.list_jobs(c, after, limit + 1), page)
+        return self.run(peer, req.id, lambda c: cluster_db.list_jobs(c, after, limit + 1),
+                        lambda jobs: paged(jobs, limit))
 
     def show(self, peer: Conn, req: protocol.Request) -> Any:
         check_known(req.args, req.kind, ("job", "index"))
@@ -365,6 +357,26 @@ class ClusterRequests:
             "tether-ask")
         return PENDING
 
+    def acct(self, peer: Conn, req: protocol.Request) -> Any:
+        """The cluster's accounting (``tether acct`` on a member): its ended jobs, with what
+        each step used as its node reported it; ``local`` for this node's own history."""
+        from tether.agent import api
+
+        args = dict(req.args)
+        if args.pop("local", False):
+            return api.acct_jobs(self.agent, peer, protocol.Request(
+                id=req.id, kind=req.kind, args=args, v=req.v))
+        a = api.acct_args(args, req.kind)
+        limit = a["limit"]
+
+        def query(conn: cluster_db.Conn) -> Any:
+            return cluster_db.acct(conn, after=a["after"], limit=limit + 1, refs=a["refs"],
+                                   users=a["lists"]["users"], states=a["lists"]["states"],
+                                   names=a["lists"]["names"], since=a["since"],
+                                   until=a["until"], uid=peer.uid if a["mine"] else None)
+
+        return self.run(peer, req.id, query, lambda rows: paged(rows, limit))
+
     def on_node(self, peer: Conn, req: protocol.Request) -> Any:
         """``suspend`` and ``resume`` of a cluster job: the node's own job if it runs here, else
         asked of its node (the owner or root)."""
@@ -388,6 +400,19 @@ class ClusterRequests:
                 "job": job, "kind": req.kind, "args": {}}, v=req.v)
             return self.relay(peer, relayed)
         return self.run(peer, req.id, lambda c: cluster_db.where(c, job), elsewhere)
+
+
+def paged(rows: list[dict[str, Any]], limit: int) -> dict[str, Any]:
+    """A page of at most ``limit`` of ``rows`` (one more was read: is there more?) that fits
+    in one frame: it ends early past LIST_PAGE_BYTES (always one row at least)."""
+    out: list[dict[str, Any]] = []
+    size = 0
+    for row in rows[:limit]:
+        size += len(msgpack.packb(row))
+        if out and size > LIST_PAGE_BYTES:
+            return {"jobs": out, "more": True}
+        out.append(row)
+    return {"jobs": out, "more": len(rows) > limit}
 
 
 def scheduling(args: Any) -> dict[str, Any]:
@@ -439,5 +464,5 @@ HANDLERS: dict[str, Callable[[ClusterRequests, Conn, protocol.Request], Any]] = 
     "release": ClusterRequests.hold, "nodes": ClusterRequests.nodes,
     "drain": ClusterRequests.drain, "locate": ClusterRequests.locate,
     "suspend": ClusterRequests.on_node, "resume": ClusterRequests.on_node,
-    "relay": ClusterRequests.relay,
+    "relay": ClusterRequests.relay, "acct": ClusterRequests.acct,
 }

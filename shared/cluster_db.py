@@ -26,11 +26,12 @@ from psycopg.conninfo import make_conninfo
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
-from tether.shared import cluster_funcs
+from tether.shared import cluster_funcs, stamps
 from tether.shared.cluster_sql import (
     ACTIVE,
     DEFAULT_FENCE_MARGIN,
     DEFAULT_HEARTBEAT_TIMEOUT,
+    FINAL,
     INIT_LOCK,
     JOB_COLUMNS,
     META,
@@ -380,3 +381,68 @@ def where(conn: Conn, job_id: int) -> dict[str, Any]:
 def listen(conn: Conn, *channels: str) -> None:
     for channel in channels:
         conn.execute(f"LISTEN {channel}")  # channel names are our constants, never input
+
+
+# ---- accounting -----------------------------------------------------------------------------
+
+
+def acct(conn: Conn, *, after: int = 0, limit: int = 500,
+         refs: list[tuple[int, int | None]] | None = None, users: list[str] | None = None,
+         states: list[str] | None = None, names: list[str] | None = None,
+         since: float | None = None, until: float | None = None,
+         uid: int | None = None) -> list[dict[str, Any]]:
+    """The cluster's ended jobs as ``tether acct`` shows them (agent/acct.py's records, the
+    cluster's ids and each job's node), filtered as a node's history is (agent/acct.py
+    ``query``); what the step used is what its node reported with the result (``usage``)."""
+    where = ["state = ANY(%s)", "id > %s"]
+    params: list[Any] = [list(FINAL), after]
+    if refs is not None:
+        parts = []
+        for job, index in refs:
+            if index is None:
+                parts.append("(id = %s OR array_id = %s)")
+                params += [job, job]
+            else:
+                parts.append("(array_id = %s AND array_index = %s)")
+                params += [job, index]
+        where.append("(" + (" OR ".join(parts) or "false") + ")")
+    for column, values in (("username", users), ("state", states), ("name", names)):
+        if values is not None:
+            where.append(f"{column} = ANY(%s)")
+            params.append(list(values))
+    if uid is not None:
+        where.append("uid = %s")
+        params.append(uid)
+    # the stamps are RFC 3339 in UTC of one form: as text they sort as the times they name
+    if since is not None:
+        where.append("ended_at >= %s")
+        params.append(stamps.stamp(since))
+    if until is not None:
+        where.append("coalesce(started_at, ended_at) <= %s")
+        params.append(stamps.stamp(until))
+    rows = conn.execute(f"SELECT {JOB_COLUMNS} FROM tether_jobs WHERE {' AND '.join(where)} "
+                        "ORDER BY id LIMIT %s", (*params, limit)).fetchall()
+    return [acct_record(r) for r in rows]
+
+
+def acct_record(r: dict[str, Any]) -> dict[str, Any]:
+    u = r["usage"] if isinstance(r["usage"], dict) else {}
+    started, ended = stamps.epoch(r["started_at"]), stamps.epoch(r["ended_at"])
+    suspended = float(u.get("suspended") or 0.0)
+    elapsed = None if started is None or ended is None else round(
+        max(0.0, ended - started - suspended), 3)
+    cpu_user, cpu_system = u.get("cpu_user"), u.get("cpu_system")
+    cpu = None if cpu_user is None and cpu_system is None else round(
+        (cpu_user or 0.0) + (cpu_system or 0.0), 3)
+    return {
+        "id": r["id"], "array_id": r["array_id"], "array_index": r["array_index"],
+        "name": r["name"], "user": r["username"], "uid": r["uid"], "node": r["node"],
+        "state": r["state"], "exit_code": r["exit_code"], "signal": r["signal"],
+        "oom": bool(u.get("oom")), "submitted_at": r["submitted_at"],
+        "started_at": r["started_at"], "ended_at": r["ended_at"], "elapsed": elapsed,
+        "suspended_seconds": suspended, "attempts": r["attempt"], "ntasks": r["ntasks"],
+        "cpus": r["cpus_per_task"] * r["ntasks"], "gpus": r["gpus_req"],
+        "memory_mb": r["memory_mb"], "time_limit": r["time_limit"], "cpu_user": cpu_user,
+        "cpu_system": cpu_system, "cpu_total": cpu, "maxrss_kb": u.get("maxrss_kb"),
+        "task_maxrss_kb": u.get("task_maxrss_kb"), "usage_from": u.get("usage_from"),
+    }

@@ -424,7 +424,10 @@ BEGIN
          pids = coalesce(p_result->'pids', pids),
          supervisor_pid = coalesce((p_result->>'supervisor_pid')::integer, supervisor_pid),
          cpus = coalesce(p_result->'cpus', cpus), gpus = coalesce(p_result->'gpus', gpus),
-         local_job = coalesce((p_result->>'local_job')::bigint, local_job)
+         local_job = coalesce((p_result->>'local_job')::bigint, local_job),
+         usage = CASE WHEN jsonb_typeof(p_result->'usage') = 'object'
+                      AND octet_length((p_result->'usage')::text) <= 4096
+                      THEN p_result->'usage' END
    WHERE id = p_job;
   UPDATE tether_attempts SET state = st, reason = p_result->>'reason',
          ended_at = clock_timestamp() WHERE job = p_job AND attempt = p_attempt;
@@ -724,7 +727,7 @@ READABLE_JOB_COLUMNS = (
     "cpus_per_task, ntasks, gpus_req, memory_mb, cpus, gpus, supervisor_pid, pids, output, "
     "error, workdir, submitted_at, started_at, ended_at, cancel_requested, requeue, pmi, "
     "username, uid, gid, submit_node, groups, held, cancelled_by, umask, time_limit, begin_at, "
-    "dependency, array_id, array_index, array_max"
+    "dependency, array_id, array_index, array_max, usage"
 )
 
 TABLES = ("tether_meta", "tether_nodes", "tether_jobs", "tether_attempts", "tether_asks")

@@ -123,6 +123,8 @@ ALTER TABLE tether_jobs ADD COLUMN array_id bigint;
 ALTER TABLE tether_jobs ADD COLUMN array_index integer;
 ALTER TABLE tether_jobs ADD COLUMN array_max integer;
 CREATE INDEX tether_jobs_array ON tether_jobs (array_id) WHERE array_id IS NOT NULL;
+ALTER TABLE tether_jobs ADD COLUMN usage jsonb;
+CREATE INDEX tether_jobs_ended ON tether_jobs (ended_at) WHERE ended_at IS NOT NULL;
 CREATE TABLE tether_asks (
     id bigserial PRIMARY KEY,
     from_node text NOT NULL,
@@ -152,7 +154,7 @@ JOB_COLUMNS = (
     "cpus_per_task, ntasks, gpus_req, memory_mb, cpus, gpus, supervisor_pid, pids, output, "
     "error, workdir, submitted_at, started_at, ended_at, cancel_requested, requeue, pmi, "
     "username, uid, gid, submit_node, groups, held, cancelled_by, umask, time_limit, begin_at, "
-    "dependency, array_id, array_index, array_max"
+    "dependency, array_id, array_index, array_max, usage"
 )
 
 

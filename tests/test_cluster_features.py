@@ -143,3 +143,20 @@ def test_inspect_attach_and_signal_from_another_node(cluster: Cluster) -> None:
         if attach.stdout is not None:
             attach.stdout.close()
     cluster.wait_job(job, lambda j: j["state"] == "completed", "completed")
+
+
+def test_acct_shows_the_clusters_ended_jobs_with_what_they_used(cluster: Cluster) -> None:
+    cluster.agents("n0", "n1")
+    cluster.ok("drain", "n1")
+    job = cluster.submit("sh", "-c", "head -c 60000000 /dev/zero | tail -c 1 >/dev/null")
+    cluster.wait_job(job, lambda j: j["state"] == "completed", "completed")
+    rows = json.loads(cluster.ok("acct", "--json", node="n1"))  # from another node
+    [row] = [r for r in rows if r["id"] == job]
+    assert (row["node"], row["state"], row["exit_code"], row["user"]) == \
+        ("n0", "completed", 0, "root")
+    assert row["cpu_total"] is not None and row["elapsed"] is not None
+    assert row["maxrss_kb"] and row["maxrss_kb"] > 0
+    failed = cluster.submit("sh", "-c", "exit 3")
+    cluster.wait_job(failed, lambda j: j["state"] == "failed", "failed")
+    rows = json.loads(cluster.ok("acct", "--json", "--state", "failed", node="n0"))
+    assert [r["id"] for r in rows] == [failed]
