@@ -46,7 +46,7 @@ import psycopg
 import zmq
 
 import tether
-from tether.agent import acct, cluster_db, cluster_local, lifecycle_effects
+from tether.agent import acct, batch, cluster_db, cluster_local, lifecycle_effects
 from tether.agent.cluster_pass import Outcome, Passes, Snapshot
 from tether.agent.cluster_relay import RelayServer
 from tether.agent.job import FINAL, Job
@@ -438,8 +438,11 @@ class ClusterNode:
                                 row.get("attempt"), why)
                     self.failures.append((int(row["id"]), int(row["attempt"]), why))
                     continue
-                taken.append((row, cluster_local.record(db.conn, row, int(row["attempt"]),
-                                                        self.info.name)))
+                local = cluster_local.record(db.conn, row, int(row["attempt"]), self.info.name)
+                script = cluster_local.script_of(row)
+                if script is not None or row.get("slurm_env"):  # as a node's own submit keeps it
+                    batch.record(db, local, 1, script, bool(row.get("slurm_env")))
+                taken.append((row, local))
             db.commit()
         except BaseException:
             db.rollback()

@@ -18,6 +18,7 @@ until the database announces (NOTIFY ``tether_job``) that the job changed, then 
 
 from __future__ import annotations
 
+import base64
 import logging
 import os
 from collections.abc import Callable
@@ -30,7 +31,7 @@ import zmq
 from tether.agent import users
 from tether.agent.api import PENDING
 from tether.agent.offload import Offload
-from tether.agent.request_args import owner_or_root, submitter
+from tether.agent.request_args import batch_args, owner_or_root, submitter
 from tether.shared import cluster_db, jobopts, outpattern, protocol
 from tether.shared.cluster_sql import FINAL
 from tether.shared.door_conn import Conn
@@ -58,7 +59,7 @@ MAX_HOLD = 600.0
 #: what a cluster job carries of a submission
 CARRIED = frozenset({"command", "name", "cpus", "gpus", "memory_mb", "ntasks", "output", "error",
                      "workdir", "env", "pmi", "user", "umask", "hold", "requeue", "time_limit",
-                     "dependency", "array", "begin"})
+                     "dependency", "array", "begin", "script", "slurm_env"})
 #: submission arguments a cluster job does not carry yet: refused, never silently dropped
 NOT_YET: tuple[str, ...] = ()
 #: the default output names of a cluster job (its id is the cluster's: no node needed)
@@ -169,7 +170,7 @@ class ClusterRequests:
         from tether.agent.api import submission_args
 
         args = req.args
-        sub = submission_args(args, req.kind, extra=("requeue",))  # unknown ones: refused
+        sub = submission_args(args, req.kind, extra=("requeue", "script", "slurm_env"))
         dropped = uncarried(args)
         if dropped:
             raise BadRequest(f"{', '.join(dropped)} not supported for cluster jobs yet")
@@ -177,6 +178,7 @@ class ClusterRequests:
         if requeue is not None and not isinstance(requeue, bool):
             raise BadRequest("argument 'requeue' must be true or false")
         workdir = sub["workdir"]
+        script, slurm_env = batch_args(args)  # a batch script's bytes, read by the CLI as her
         sched = scheduling(args)
         array = sched.get("array")
         output = sub["output"] or os.path.join(workdir, DEFAULT_ARRAY_OUTPUT if array
@@ -217,7 +219,9 @@ class ClusterRequests:
                       "username": user.name, "uid": user.uid, "gid": user.gid,
                       "groups": list(user.groups), "requeue": requeue,
                       "held": sub["hold"], "umask": sub["umask"], "output": output,
-                      "error": error, **sched}
+                      "error": error, "slurm_env": slurm_env, **sched}
+            if script is not None:  # bytea, from base64 (JSON has no bytes)
+                fields["script"] = base64.b64encode(script).decode()
 
             def expand(job: int, index: int | None, first: int | None) -> tuple[str, str]:
                 v = dict(values, j=str(job), A=str(first or job), a=str(index or 0))

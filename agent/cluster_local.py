@@ -105,6 +105,17 @@ def invalid(row: dict[str, Any]) -> str | None:
     return None
 
 
+def script_of(row: dict[str, Any]) -> bytes | None:
+    """A claimed row's batch script: PostgreSQL's bytea as JSON gives it (``\\x`` and hex)."""
+    text = row.get("script")
+    if not isinstance(text, str) or not text.startswith("\\x"):
+        return None
+    try:
+        return bytes.fromhex(text[2:]) or None
+    except ValueError:
+        return None
+
+
 def current_run(conn: sqlite3.Connection, cluster_job: int) -> Run | None:
     """The open run of ``cluster_job`` on this node (its latest attempt), if any."""
     row = conn.execute("SELECT local_job, cluster_job, attempt, status FROM cluster_runs WHERE "

@@ -40,9 +40,6 @@ def submit(layout: Layout, ns: argparse.Namespace) -> int:
         from tether.cli import batch  # only for a first word that may be a script
 
         script = batch.load(command[0])
-        if script is not None and os.path.exists(layout.cluster_marker):
-            raise CliError(f"submit: {command[0]} is a batch script, and a cluster's jobs run "
-                           "commands only for now: tether submit [OPTIONS] -- COMMAND")
         if script is not None:  # Slurm's batch script: its copy runs, its directives apply
             ns = batch.apply(ns, command[0], script)
             command = [os.path.abspath(command[0]), *command[1:]]
@@ -60,9 +57,6 @@ def submit(layout: Layout, ns: argparse.Namespace) -> int:
     if script is not None:
         args["script"] = script
     if getattr(ns, "export_slurm_env", False):
-        if os.path.exists(layout.cluster_marker):
-            raise CliError("submit: --export-slurm-env is not supported for a cluster's jobs "
-                           "yet")
         args["slurm_env"] = True
     if getattr(ns, "no_requeue", False):
         args["requeue"] = False

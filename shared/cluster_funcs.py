@@ -145,6 +145,9 @@ BEGIN
   IF coalesce(j.submitted_at, '') = '' THEN
     RETURN 'no submission time';
   END IF;
+  IF octet_length(j.script) > 524288 THEN
+    RETURN 'the batch script is over 512 KiB';
+  END IF;
   IF j.umask IS NULL OR j.umask < 0 OR j.umask > 511 THEN
     RETURN 'umask must be 0 to 0777';
   END IF;
@@ -507,7 +510,7 @@ BEGIN
     INSERT INTO tether_jobs (name, command, state, cpus_per_task, ntasks, gpus_req, memory_mb,
            output, error, workdir, env, submitted_at, pmi, username, uid, gid, groups, requeue,
            held, submit_node, umask, time_limit, begin_at, dependency, array_id, array_index,
-           array_max)
+           array_max, script, slurm_env)
     VALUES (p->>'name', p->'command', 'pending', (p->>'cpus_per_task')::integer,
             (p->>'ntasks')::integer, (p->>'gpus_req')::integer, (p->>'memory_mb')::bigint,
             coalesce(p->>'output', ''), coalesce(p->>'error', ''), p->>'workdir', p->'env',
@@ -516,7 +519,8 @@ BEGIN
             coalesce((p->>'requeue')::boolean, tether_setting('requeue', 'true')::boolean),
             coalesce((p->>'held')::boolean, false), me,
             coalesce((p->>'umask')::integer, 18), (p->>'time_limit')::float8,
-            (p->>'begin_at')::float8, deps, first, idx, (p->'array'->>'max')::integer)
+            (p->>'begin_at')::float8, deps, first, idx, (p->'array'->>'max')::integer,
+            decode(p->>'script', 'base64'), coalesce((p->>'slurm_env')::boolean, false))
     RETURNING * INTO j;
     IF idx IS NOT NULL AND first IS NULL THEN  -- the array's id is its first element's
       first := j.id;
@@ -727,7 +731,7 @@ READABLE_JOB_COLUMNS = (
     "cpus_per_task, ntasks, gpus_req, memory_mb, cpus, gpus, supervisor_pid, pids, output, "
     "error, workdir, submitted_at, started_at, ended_at, cancel_requested, requeue, pmi, "
     "username, uid, gid, submit_node, groups, held, cancelled_by, umask, time_limit, begin_at, "
-    "dependency, array_id, array_index, array_max, usage"
+    "dependency, array_id, array_index, array_max, usage, slurm_env"
 )
 
 TABLES = ("tether_meta", "tether_nodes", "tether_jobs", "tether_attempts", "tether_asks")

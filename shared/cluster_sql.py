@@ -124,6 +124,8 @@ ALTER TABLE tether_jobs ADD COLUMN array_index integer;
 ALTER TABLE tether_jobs ADD COLUMN array_max integer;
 CREATE INDEX tether_jobs_array ON tether_jobs (array_id) WHERE array_id IS NOT NULL;
 ALTER TABLE tether_jobs ADD COLUMN usage jsonb;
+ALTER TABLE tether_jobs ADD COLUMN script bytea;
+ALTER TABLE tether_jobs ADD COLUMN slurm_env boolean NOT NULL DEFAULT false;
 CREATE INDEX tether_jobs_ended ON tether_jobs (ended_at) WHERE ended_at IS NOT NULL;
 CREATE TABLE tether_asks (
     id bigserial PRIMARY KEY,
@@ -154,7 +156,7 @@ JOB_COLUMNS = (
     "cpus_per_task, ntasks, gpus_req, memory_mb, cpus, gpus, supervisor_pid, pids, output, "
     "error, workdir, submitted_at, started_at, ended_at, cancel_requested, requeue, pmi, "
     "username, uid, gid, submit_node, groups, held, cancelled_by, umask, time_limit, begin_at, "
-    "dependency, array_id, array_index, array_max, usage"
+    "dependency, array_id, array_index, array_max, usage, slurm_env"
 )
 
 

@@ -160,3 +160,23 @@ def test_acct_shows_the_clusters_ended_jobs_with_what_they_used(cluster: Cluster
     cluster.wait_job(failed, lambda j: j["state"] == "failed", "failed")
     rows = json.loads(cluster.ok("acct", "--json", "--state", "failed", node="n0"))
     assert [r["id"] for r in rows] == [failed]
+
+
+def test_a_batch_script_runs_as_submitted_wherever_it_runs(cluster: Cluster) -> None:
+    """The copy taken at submit runs on the claiming node, with its directives applied."""
+    cluster.agents("n0", "n1")
+    cluster.ok("drain", "n0")  # it runs on n1; submitted through n0
+    path = os.path.join(cluster.work, "job.sh")
+    with open(path, "w") as f:  # not executable: run by its #! interpreter
+        f.write("#!/bin/sh\n#TETHER --ntasks 2\n#SBATCH --job-name batchy\n"
+                "while [ ! -e go ]; do sleep 0.05; done\n"
+                "echo as-submitted $TETHER_NTASKS $TETHER_CLUSTER_JOB_ID\n")
+    job = int(cluster.ok("submit", path, node="n0").strip())
+    with open(path, "w") as f:
+        f.write("#!/bin/sh\necho edited\n")  # after submit: changes nothing
+    row = cluster.wait_job(job, lambda j: j["state"] == "running", "running")
+    assert (row["node"], row["name"], row["ntasks"]) == ("n1", "batchy", 2)
+    cluster.go()
+    row = cluster.wait_job(job, lambda j: j["state"] == "completed", "completed")
+    with open(row["output"]) as f:
+        assert f.read() == f"as-submitted 2 {job}\n" * 2
