@@ -1,6 +1,7 @@
 """Figures for many nodes on PostgreSQL, each beside a reference measured in the same run.
 
-    .venv/bin/python bench/cluster_bench.py [--samples 15] [--jobs 60] [--failovers 3] [--json]
+    .venv/bin/python bench/cluster_bench.py [--samples 15] [--jobs 60] [--sleep-jobs 96]
+                                            [--failovers 3] [--json]
 
 Set up as a site would (docs/cluster.md): the administrator (PostgreSQL's superuser ``postgres``,
 the tables' owner, trusted on the scratch server's Unix socket) runs ``tether cluster init
@@ -10,13 +11,21 @@ as its own role, by password. Jobs are submitted as people do, through a member 
 CLI's client, one connection kept open, as for the reference); the figures are read from the
 database as its owner (LISTEN ``tether_job``, the rows' own stamps), which submits nothing.
 
+The cluster is measured twice, side by side: first with node n0's agent alone, then with n1 and
+n2 joined (three agents, one database).
+
 1. Submit -> completed through the cluster, ``true``, sequential, median: ``submit`` to node n0's
-   agent, then LISTEN until the job's result is recorded in the database. Reference: the same
-   through a standalone agent's socket (submit, then a long-polling wait).
-2. Jobs/s with three agents: ``--jobs`` ``true`` jobs submitted one after another through n0's
-   agent, from the first submit to the last result recorded. Reference: the same jobs through
-   one standalone agent.
-3. Heartbeat timeout -> the job running elsewhere: a node running a job is SIGSTOPped; from the
+   agent, then LISTEN until the job's result is recorded in the database; with one agent and
+   with three. Reference: the same through a standalone agent's socket (submit, then a
+   long-polling wait).
+2. ``tether submit --wait -- true`` as a person types it (the CLI started each time, its
+   ``TETHER_STATE_DIR`` n0's), sequential, median, with one agent and with three. Reference: the
+   same command against the standalone agent, in the same run (goal: cluster <= 1.5x).
+3. Jobs/s: ``--jobs`` ``true`` jobs, and ``--sleep-jobs`` ``sleep 1`` jobs, submitted one after
+   another through n0's agent, from the first submit to the last result recorded; with one
+   agent and with three (goal for ``sleep 1``: three agents >= 2.5x one). Reference for ``true``:
+   the same jobs through one standalone agent.
+4. Heartbeat timeout -> the job running elsewhere: a node running a job is SIGSTOPped; from the
    moment its last heartbeat became older than the timeout to the start of attempt 2 on another
    node (the supervisor's own ``started_at``), ``--failovers`` times. Then SIGCONT: the time
    until the node's stale attempt-1 task is dead.
@@ -45,7 +54,7 @@ from bench.common import ScratchAgent, kill_tree  # noqa: E402
 from tests.pgserver import ScratchPostgres  # noqa: E402
 from tether.shared import cluster_db, stamps  # noqa: E402
 from tether.shared.client import Client  # noqa: E402
-from tether.shared.cluster_sql import CHANNEL_JOB, FINAL  # noqa: E402
+from tether.shared.cluster_sql import CHANNEL_JOB, DEFAULT_FENCE_MARGIN, FINAL  # noqa: E402
 from tether.shared.paths import Layout  # noqa: E402
 from tether.shared.procid import proc_stat  # noqa: E402
 
@@ -109,6 +118,7 @@ class Bench:
         return os.path.join(self.base, name)
 
     def start_agents(self, names: list[str]) -> None:
+        """Start (more) agents; wait until every agent started so far is up."""
         for name in names:
             secret = os.path.join(self.base, f"{name}.dsn")
             self.roles.append(f"{DB}_{name}")  # roles are the server's: named per database
@@ -121,7 +131,7 @@ class Bench:
                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
         deadline = time.monotonic() + 30
         while {n["name"] for n in cluster_db.list_nodes(self.owner)
-               if n["state"] == "up"} != set(names):
+               if n["state"] == "up"} != set(self.agents):
             for name, proc in self.agents.items():
                 if proc.poll() is not None:
                     raise SystemExit(f"the agent of {name} exited with {proc.returncode} "
@@ -131,8 +141,9 @@ class Bench:
             time.sleep(0.05)
         # People's door: n0's agent, through the client the CLI uses (kept open, as for the
         # standalone reference).
-        self.client = Client(Layout(self.state(names[0])).sock, timeout=30)
-        self.client.connect()
+        if self.client is None:
+            self.client = Client(Layout(self.state(names[0])).sock, timeout=30)
+            self.client.connect()
 
     def submit(self, command: list[str]) -> int:
         assert self.client is not None
@@ -162,10 +173,10 @@ class Bench:
                 out.append((time.perf_counter() - t) * 1000)
         return out
 
-    def throughput(self, jobs: int) -> float:
+    def throughput(self, jobs: int, command: tuple[str, ...] = ("true",)) -> float:
         t = time.perf_counter()
-        ids = {self.submit(["true"]) for _ in range(jobs)}
-        self.until_final(ids)
+        ids = {self.submit(list(command)) for _ in range(jobs)}
+        self.until_final(ids, timeout=max(120.0, jobs * 2.0))
         return jobs / (time.perf_counter() - t)
 
     def failover(self) -> tuple[float, float]:
@@ -224,7 +235,24 @@ class Bench:
             self.pg.drop_roles(*self.roles, ("tether_node_" + DB)[:63])
 
 
-def standalone(samples: int, jobs: int) -> tuple[list[float], float]:
+def cli_latency(state: str, work: str, samples: int) -> list[float]:
+    """``tether submit --wait -- true`` as a person runs it on a node whose agent serves
+    ``state``: the CLI started each time, sequential (two warm-ups), in milliseconds."""
+    env = dict(os.environ, TETHER_STATE_DIR=state)
+    out = []
+    for i in range(samples + 2):
+        t = time.perf_counter()
+        res = subprocess.run([*TETHER, "submit", "--wait", "--", "true"], env=env, cwd=work,
+                             capture_output=True, text=True, timeout=120)
+        if res.returncode:
+            raise SystemExit(f"tether submit --wait -- true: rc {res.returncode}: "
+                             f"{res.stderr.strip()}")
+        if i >= 2:
+            out.append((time.perf_counter() - t) * 1000)
+    return out
+
+
+def standalone(samples: int, jobs: int) -> tuple[list[float], float, list[float]]:
     agent = ScratchAgent("tcb", 12)
     try:
         with Client(os.path.join(agent.state, "agent.sock"), timeout=30) as c:
@@ -245,7 +273,8 @@ def standalone(samples: int, jobs: int) -> tuple[list[float], float]:
             t = time.perf_counter()
             ids = [sub() for _ in range(jobs)]
             run(ids)
-            return lat, jobs / (time.perf_counter() - t)
+            rate = jobs / (time.perf_counter() - t)
+        return lat, rate, cli_latency(agent.state, agent.work, samples)
     finally:
         agent.close()
 
@@ -254,6 +283,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--samples", type=int, default=15)
     ap.add_argument("--jobs", type=int, default=60)
+    ap.add_argument("--sleep-jobs", type=int, default=96,
+                    help="`sleep 1` jobs for jobs/s with one agent and with three")
     ap.add_argument("--failovers", type=int, default=3)
     ap.add_argument("--json", action="store_true")
     ns = ap.parse_args()
@@ -267,11 +298,18 @@ def main() -> int:
     try:
         pg.start()
         bench = Bench(base, pg)
-        bench.start_agents(NODES)
-        log("latency through the cluster")
+        bench.start_agents(NODES[:1])
+        log("one agent: latency, submit --wait, jobs/s (true, then sleep 1)")
+        lat1 = bench.latency(ns.samples)
+        cli1 = cli_latency(bench.state(NODES[0]), bench.work, ns.samples)
+        rate1 = bench.throughput(ns.jobs)
+        sleep1 = bench.throughput(ns.sleep_jobs, ("sleep", "1"))
+        bench.start_agents(NODES[1:])
+        log("three agents: latency, submit --wait, jobs/s (true, then sleep 1)")
         lat = bench.latency(ns.samples)
-        log("throughput with three agents")
+        cli3 = cli_latency(bench.state(NODES[0]), bench.work, ns.samples)
         rate = bench.throughput(ns.jobs)
+        sleep3 = bench.throughput(ns.sleep_jobs, ("sleep", "1"))
         log("failover")
         fails = [bench.failover() for _ in range(ns.failovers)]
         fail = [f[0] for f in fails]
@@ -279,20 +317,32 @@ def main() -> int:
         bench.close()
         bench = None
         log("reference: one standalone agent")
-        ref_lat, ref_rate = standalone(ns.samples, ns.jobs)
+        ref_lat, ref_rate, ref_cli = standalone(ns.samples, ns.jobs)
     finally:
         if bench is not None:
             bench.close()
         pg.cleanup()
         subprocess.run(["rm", "-rf", base], check=False)
+    def spread(ms: list[float]) -> dict[str, Any]:
+        return {"median": round(statistics.median(ms), 1), "min": round(min(ms), 1),
+                "max": round(max(ms), 1), "n": len(ms)}
+
     res: dict[str, Any] = {
-        "cluster_submit_to_completed_ms": {"median": round(statistics.median(lat), 1),
-                                           "min": round(min(lat), 1),
-                                           "max": round(max(lat), 1), "n": len(lat)},
+        "cluster_submit_to_completed_ms": spread(lat),
+        "cluster_submit_to_completed_ms_1_agent": spread(lat1),
         "standalone_submit_to_completed_ms": {"median": round(statistics.median(ref_lat), 1),
                                               "n": len(ref_lat)},
+        "cluster_cli_submit_wait_ms_3_agents": spread(cli3),
+        "cluster_cli_submit_wait_ms_1_agent": spread(cli1),
+        "standalone_cli_submit_wait_ms": spread(ref_cli),
         "cluster_jobs_per_s_3_agents": round(rate, 1),
+        "cluster_jobs_per_s_1_agent": round(rate1, 1),
         "standalone_jobs_per_s_1_agent": round(ref_rate, 1),
+        "cluster_sleep1_jobs_per_s_3_agents": round(sleep3, 2),
+        "cluster_sleep1_jobs_per_s_1_agent": round(sleep1, 2),
+        "sleep1_speedup_3_over_1": round(sleep3 / sleep1, 2),
+        "cli_submit_wait_ratio_cluster_3_over_standalone": round(
+            statistics.median(cli3) / statistics.median(ref_cli), 2),
         "timeout_to_running_elsewhere_s": [round(f, 2) for f in fail],
         "sigcont_to_stale_run_killed_s": [round(k, 2) for k in kills],
         "heartbeat_s": HEARTBEAT, "timeout_s": TIMEOUT,
@@ -301,15 +351,31 @@ def main() -> int:
         print(json.dumps(res))
         return 0
     c, s = res["cluster_submit_to_completed_ms"], res["standalone_submit_to_completed_ms"]
-    print(f"submit -> completed (true), median: cluster {c['median']} ms "
-          f"(min {c['min']}, max {c['max']}, n={c['n']}); standalone agent {s['median']} ms; "
-          f"ratio {c['median'] / s['median']:.2f}")
+    c1 = res["cluster_submit_to_completed_ms_1_agent"]
+    print(f"submit -> completed (true), median: cluster, three agents {c['median']} ms "
+          f"(min {c['min']}, max {c['max']}, n={c['n']}); one agent {c1['median']} ms "
+          f"(min {c1['min']}, max {c1['max']}); standalone agent {s['median']} ms; "
+          f"ratio (three) {c['median'] / s['median']:.2f}")
+    w3, w1 = res["cluster_cli_submit_wait_ms_3_agents"], res["cluster_cli_submit_wait_ms_1_agent"]
+    ws = res["standalone_cli_submit_wait_ms"]
+    ratio = res["cli_submit_wait_ratio_cluster_3_over_standalone"]
+    print(f"tether submit --wait -- true (the CLI each time), median: cluster, three agents "
+          f"{w3['median']} ms, one agent {w1['median']} ms; standalone agent {ws['median']} ms; "
+          f"ratio (three) {ratio:.2f} (goal <= 1.5: {'met' if ratio <= 1.5 else 'NOT met'})")
     print(f"jobs/s ({ns.jobs} x true): three agents {res['cluster_jobs_per_s_3_agents']}; one "
-          f"standalone agent {res['standalone_jobs_per_s_1_agent']}")
-    print(f"heartbeat timeout ({TIMEOUT:g}s, heartbeat {HEARTBEAT:g}s) -> running elsewhere: "
+          f"agent {res['cluster_jobs_per_s_1_agent']}; one standalone agent "
+          f"{res['standalone_jobs_per_s_1_agent']}")
+    up = res["sleep1_speedup_3_over_1"]
+    print(f"jobs/s ({ns.sleep_jobs} x sleep 1, 4 CPUs per agent): three agents "
+          f"{res['cluster_sleep1_jobs_per_s_3_agents']}; one agent "
+          f"{res['cluster_sleep1_jobs_per_s_1_agent']}; {up:.2f}x (goal >= 2.5x: "
+          f"{'met' if up >= 2.5 else 'NOT met'})")
+    print(f"heartbeat timeout ({TIMEOUT:g}s, heartbeat {HEARTBEAT:g}s, then the fence margin, "
+          f"{DEFAULT_FENCE_MARGIN:g}s by default) -> running elsewhere: "
           f"{', '.join(f'{f:.2f}' for f in fail)} s")
     print(f"SIGCONT of the stopped node -> its stale attempt-1 task dead: "
-          f"{', '.join(f'{k:.2f}' for k in kills)} s (SIGTERM; --cancel-grace 1)")
+          f"{', '.join(f'{k:.2f}' for k in kills)} s (0: its step fenced itself at the "
+          "timeout; else SIGTERM, --cancel-grace 1)")
     return 0
 
 
