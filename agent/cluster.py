@@ -63,6 +63,11 @@ log = logging.getLogger("tether.agent.cluster")
 
 #: how long the agent's stop waits for the worker to say an idle node leaves
 LEAVE_WAIT = 12.0
+#: how a final local job whose step this node never started reads (lifecycle.py's words)
+NEVER_STARTED = ("never started", "could not start its supervisor")
+#: jobs in a row this node could not start, after which it drains itself (a broken install
+#: would otherwise take and fail the whole queue; Slurm drains such a node too)
+DRAIN_AFTER = 3
 
 
 @dataclass(frozen=True)
@@ -108,6 +113,12 @@ class ClusterNode:
         self.stopping_local: set[int] = set()
         #: claimed rows this node cannot run, reported by the next pass
         self.failures: list[tuple[int, int, str]] = []
+        #: local jobs whose results say this node could not start them; how many in a row
+        self.unstarted: set[int] = set()
+        self.unstarted_row = 0
+        #: why this node must drain itself (the next pass does it), and whether it did
+        self.drain_self: str | None = None
+        self.drained_self = False
         self.warned = False
         #: the database's last refusal, logged once
         self.refused = ""
@@ -202,7 +213,7 @@ class ClusterNode:
         may_reap = (self.joined and self.healthy_since is not None
                     and now - self.healthy_since > self.timeout)
         snap = Snapshot(join=not self.joined, may_reap=may_reap,
-                        failures=self.failures)
+                        failures=self.failures, drain=self.drain_self)
         self.failures = []
         for run, state in cluster_local.open_runs(db.conn):
             snap.known.add((run.cluster_job, run.attempt))
@@ -212,6 +223,8 @@ class ClusterNode:
             if state in FINAL:
                 result = dict(result_of(job), usage=acct.usage_of(db, job.id))
                 snap.results.append((job.id, run.cluster_job, run.attempt, result))
+                if result["never_ran"]:
+                    self.unstarted.add(job.id)
             elif job.state == "running":
                 snap.running[(run.cluster_job, run.attempt)] = {
                     "local_job": job.id, "started_at": job.started_at, "cpus": job.cpus,
@@ -307,6 +320,8 @@ class ClusterNode:
             self.joined = False
             self.again = True
             return
+        if out.state == "up" and self.drained_self:  # resumed by root: mended, we trust
+            self.drained_self, self.drain_self, self.unstarted_row = False, None, 0
         self.state = out.state
         if out.sent is not None:
             self.renew(out.sent)  # after the reconcile: a stale run is stopped, not given time
@@ -378,9 +393,22 @@ class ClusterNode:
         """Results the database recorded or refused: marked so, after its commit (a crash
         before reports again, and the repeat is refused: the job is no longer active)."""
         db = self.agent.db
+        if out.drained and not self.drained_self:
+            self.drained_self = True
+            log.error("node %s drained itself: %s (resume it once it is mended)",
+                      self.info.name, self.drain_self)
         for local, cj, attempt, refused, state in out.reported:
             cluster_local.set_status(db.conn, local, "reported" if refused is None
                                      else "refused")
+            if local in self.unstarted:
+                self.unstarted.discard(local)
+                self.unstarted_row += 1
+                if self.unstarted_row >= DRAIN_AFTER and not self.drained_self:
+                    self.drain_self = (f"{self.unstarted_row} jobs in a row could not be "
+                                       f"started here (the last: cluster job {cj})")
+                    self.again = True
+            else:
+                self.unstarted_row = 0
             if refused is None:
                 log.info("cluster job %d attempt %d: result delivered (%s)", cj, attempt, state)
             else:
@@ -464,4 +492,12 @@ def result_of(job: Job) -> dict[str, Any]:
         "pids": job.pids, "supervisor_pid": job.supervisor_pid, "cpus": job.cpus,
         "gpus": job.gpus, "local_job": job.id,
         # the node's loss, not the job's failure: requeued or node_fail (lease.py)
-        "fenced": job.state == "failed" and (job.reason or "").startswith(lease.FENCED)}
+        "fenced": job.state == "failed" and (job.reason or "").startswith(lease.FENCED),
+        # this node could not start it: it never ran, and goes back to the queue
+        "never_ran": never_ran(job)}
+
+
+def never_ran(job: Job) -> bool:
+    """Did this node fail to start the job's step at all (lifecycle.py's "never started")?"""
+    return job.state == "failed" and job.started_at is None and (job.reason or "").startswith(
+        NEVER_STARTED)

@@ -46,6 +46,8 @@ class Snapshot:
     failures: list[tuple[int, int, str]] = field(default_factory=list)
     #: what it may claim (CPUs, GPUs, MB), or None: no claim this pass
     free: tuple[int, int, int] | None = None
+    #: why this node drains itself (it could not start its jobs), or None
+    drain: str | None = None
 
 
 @dataclass
@@ -68,6 +70,8 @@ class Outcome:
     claimed: list[dict[str, Any]] = field(default_factory=list)
     #: a new LISTEN connection for the loop to poll
     listener: shared_db.Conn | None = None
+    #: the node drained itself (Snapshot.drain)
+    drained: bool = False
 
 
 class Passes:
@@ -143,6 +147,10 @@ class Passes:
         if out.was in ("new", "down"):
             cluster_db.mark_up(conn, info)
             out.state = "up"
+        if snap.drain is not None:  # it cannot start jobs: it takes no more (root's power)
+            shared_db.set_drain(conn, info.name, True, 0)
+            out.drained = True
+            out.state = "draining"
         if out.state in ("up", "draining") and snap.free is not None and not info.login:
             claimed = cluster_db.claim(conn, info, snap.free)
             if claimed is None:

@@ -81,6 +81,10 @@ def launch(agent: Agent, job: Job) -> None:
     system (the job's user is looked up, ``identity``, and its run directory made on the
     spawner's worker thread, in one go) nor for the supervisor."""
     rd = agent.layout.run_dir(job.id, job.attempt)
+    if agent_fault(agent.cfg.faults, "spawn-fails"):  # test-only: a broken node
+        agent.spawn_failed(job.id, job.attempt, SpawnError("no supervisor could be started "
+                                                           "(fault spawn-fails)"))
+        return
     base = agent.spec_of(job)
     umask = agent.db.umask_of(job.id)
 

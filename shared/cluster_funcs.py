@@ -413,6 +413,13 @@ BEGIN
     RETURN format('job %s attempt %s is no longer current here (now attempt %s, %s, node %s)',
                   p_job, p_attempt, r.attempt, r.state, r.node);
   END IF;
+  IF coalesce((p_result->>'never_ran')::boolean, false) THEN
+    -- this node could not start it (its supervisor never started): it never ran, so it goes
+    -- back to the queue whatever --no-requeue says, for another node
+    PERFORM tether_requeue_unknown(p_job, p_attempt, format('node %s could not start it: %s',
+                                                            me, p_result->>'reason'));
+    RETURN NULL;
+  END IF;
   IF coalesce((p_result->>'fenced')::boolean, false) THEN
     -- its step killed its tasks when the node's lease ran out: the node's loss, not the job's
     PERFORM tether_lose(p_job, p_attempt, p_result->>'reason');

@@ -52,6 +52,9 @@ FAULTS = (
           "the sync thread (group commit), before each fsync that actions wait for, creates "
           "`sync.held` in the state directory and goes on once `sync.go` exists there (the "
           "loop must keep reading and recording requests meanwhile)"),
+    Fault(AGENT, "spawn-fails", "the agent",
+          "every supervisor it starts fails to start (SpawnFailed), as on a node whose install "
+          "is broken: a cluster's member gives such runs back and drains itself"),
     Fault(AGENT, "no-template", "the agent",
           "no supervisor template: every supervisor starts cold (tests and benchmarks compare "
           "the two)"),

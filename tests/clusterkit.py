@@ -86,7 +86,8 @@ class Cluster:
         self.roles.append(self.role(name))
         self.admin("add-node", name, "--role", self.role(name), "--write", path)
 
-    def agents(self, *names: str, cpus: int = 2, login: tuple[str, ...] = ()) -> list[Node]:
+    def agents(self, *names: str, cpus: int = 2, login: tuple[str, ...] = (),
+               env: dict[str, dict[str, str]] | None = None) -> list[Node]:
         made = []
         for name in names:
             node = self.make_node(cpus=cpus)
@@ -96,7 +97,7 @@ class Cluster:
             if name in login:
                 node.args.append("--login")
             self.nodes[name] = node
-            node.start(wait=False)
+            node.start(env=(env or {}).get(name), wait=False)
             made.append(node)
         for node in made:
             poll_until(node.agent_answers, 30, "the agent to answer `status`")

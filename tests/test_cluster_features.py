@@ -180,3 +180,20 @@ def test_a_batch_script_runs_as_submitted_wherever_it_runs(cluster: Cluster) -> 
     row = cluster.wait_job(job, lambda j: j["state"] == "completed", "completed")
     with open(row["output"]) as f:
         assert f.read() == f"as-submitted 2 {job}\n" * 2
+
+
+def test_a_node_that_cannot_start_steps_gives_its_runs_back_and_drains_itself(
+        cluster: Cluster) -> None:
+    """A broken install must not fail the cluster's queue: runs it could not start go back
+    (even --no-requeue ones: they never ran), and after a few in a row it takes no more."""
+    n0, _ = cluster.agents("n0", "n1", env={"n0": {"TETHER_AGENT_FAULT": "spawn-fails"}})
+    cluster.ok("drain", "n1")
+    jobs = [cluster.submit("true", opts=("--no-requeue",)) for _ in range(4)]
+    poll_until(lambda: cluster.node("n0")["state"] == "draining", 60, "n0 to drain itself")
+    assert "drained itself: 3 jobs in a row could not be started here" in n0.logs()
+    cluster.ok("resume", "n1")
+    for job in jobs:
+        row = cluster.wait_job(job, lambda j: j["state"] == "completed", "run on n1")
+        assert row["node"] == "n1"
+    reasons = [a["reason"] or "" for j in jobs for a in cluster.attempts(j) if a["node"] == "n0"]
+    assert reasons and all("could not start it" in r for r in reasons), reasons
