@@ -403,7 +403,7 @@ class ClusterNode:
             if local in self.unstarted:
                 self.unstarted.discard(local)
                 self.unstarted_row += 1
-                if self.unstarted_row >= DRAIN_AFTER and not self.drained_self:
+                if self.unstarted_row >= DRAIN_AFTER and self.drain_self is None:
                     self.drain_self = (f"{self.unstarted_row} jobs in a row could not be "
                                        f"started here (the last: cluster job {cj})")
                     self.again = True

@@ -191,6 +191,7 @@ def test_a_node_that_cannot_start_steps_gives_its_runs_back_and_drains_itself(
     jobs = [cluster.submit("true", opts=("--no-requeue",)) for _ in range(4)]
     poll_until(lambda: cluster.node("n0")["state"] == "draining", 60, "n0 to drain itself")
     assert "drained itself: 3 jobs in a row could not be started here" in n0.logs()
+    assert n0.logs().count("drained itself") == 1
     cluster.ok("resume", "n1")
     for job in jobs:
         row = cluster.wait_job(job, lambda j: j["state"] == "completed", "run on n1")
