@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import pwd
 import secrets
+import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -42,13 +43,36 @@ def made_users(n: int) -> Iterator[list[User]]:
             remove_user(name)
 
 
-def remove_user(name: str, within: float = 10.0) -> None:
-    """``userdel``, again while the user still has processes (exit 8): killed ones of a test
-    may still be zombies waiting for init to reap them, and a user left behind is a leak."""
+def remove_user(name: str, within: float = 15.0) -> None:
+    """``userdel``, until it works. A user who still has processes (exit 8: a job its test's
+    agent still runs, when this fixture is torn down before the node's; killed processes not yet
+    reaped) has them killed first: a user left behind is a leak, and one that cannot be removed
+    fails the test that made it, naming it."""
     deadline = time.monotonic() + within
-    while subprocess.run(["userdel", name], capture_output=True).returncode == 8 and \
-            time.monotonic() < deadline:
-        time.sleep(0.1)
+    while True:
+        res = subprocess.run(["userdel", name], capture_output=True, text=True)
+        if res.returncode in (0, 6):  # removed, or no such user
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"test user {name} could not be removed: userdel exit "
+                                 f"{res.returncode}: {res.stderr.strip()}")
+        if res.returncode == 8:
+            kill_processes_of(pwd.getpwnam(name).pw_uid)
+        time.sleep(0.05)
+
+
+def kill_processes_of(uid: int) -> None:
+    """SIGKILL every process whose real or effective uid is ``uid``."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/status") as f:
+                uids = next(line for line in f if line.startswith("Uid:")).split()[1:3]
+            if str(uid) in uids:
+                os.kill(int(entry), signal.SIGKILL)
+        except (OSError, StopIteration):
+            continue
 
 
 def run_as(user: User, argv: list[str], *, env: dict[str, str] | None = None,
