@@ -34,15 +34,19 @@ def default_base(state_dir: str) -> str:
     return "tether-" + hashlib.sha256(state_dir.encode()).hexdigest()[:8]
 
 
-def remove_all(base: str) -> None:
+def remove_all(base: str) -> list[str]:
     """Kill everything in the steps' cgroups under ``base`` (an agent's ``--cgroup-base``) in
     every hierarchy, and remove them with the base: what tests, benchmarks and the demo do after
-    their agents (a running agent cleans its own steps; root only, else nothing to do)."""
+    their agents (a running agent cleans its own steps; root only, else nothing to do). Returns
+    the directories still there (each was tried for a while: step_cgroup.remove_tree)."""
     if os.geteuid() != 0:
-        return
+        return []
+    left = []
     for mode in ("v1", "v2"):
         for path in cgroup_layout.base_dirs(cgroup_host.probe(mode), base).values():
-            step_cgroup.remove_tree(path)
+            if not step_cgroup.remove_tree(path):
+                left.append(path)
+    return left
 
 
 def check_base(base: str) -> str:

@@ -357,23 +357,29 @@ def _mount_root(kind: str) -> str:
 _MOUNTS: list[Mount] | None = None
 
 
-def remove_tree(top: str) -> bool:
+def remove_tree(top: str, patience: float = 10.0) -> bool:
     """Kill everything under ``top`` (a directory in one hierarchy) and remove it, deepest first.
-    For the agent's orphans and the tests' clean-up. True when it is gone."""
+    For the tests', benchmarks' and demo's clean-up after their agents. A killed process may
+    take more than a moment to leave its cgroup (a loaded machine, a step still forking): each
+    directory is killed and removed again until it is gone or ``patience`` seconds passed. True
+    when it is gone."""
     if not os.path.isdir(top):
         return True
+    deadline = time.monotonic() + patience
     for dirpath, dirnames, _ in os.walk(top, topdown=False):
         for d in dirnames:
-            _kill_dir(os.path.join(dirpath, d))
-    _kill_dir(top)
+            _kill_dir(os.path.join(dirpath, d), deadline)
+    _kill_dir(top, deadline)
     return not os.path.isdir(top)
 
 
-def _kill_dir(path: str) -> None:
-    plan = {"mode": "x", "dirs": {_kind_of(path): path}}
-    cg = StepCgroup(plan)
-    cg.kill_and_wait(1.0)
-    cg.remove()
+def _kill_dir(path: str, deadline: float) -> None:
+    cg = StepCgroup({"mode": "x", "dirs": {_kind_of(path): path}})
+    while True:
+        cg.kill_and_wait(min(1.0, max(0.0, deadline - time.monotonic())))
+        if cg.remove() or time.monotonic() > deadline:
+            return
+        time.sleep(0.02)
 
 
 def _kind_of(path: str) -> str:

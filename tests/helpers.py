@@ -313,7 +313,7 @@ class Node:
         for st in all_processes():
             if st.session in sessions and st.pid != os.getpid():
                 _kill(st.pid)
-        contain.remove_all(contain.default_base(self.state))
+        left = contain.remove_all(contain.default_base(self.state))
 
         # A template still importing has no title yet, so template_pids() misses it; it then
         # bound its socket into the state dir while rmtree emptied it, and lived on (its
@@ -325,6 +325,7 @@ class Node:
             return not self.strays()
         poll_until(gone, 20, f"every process naming {self.state} to be gone")
         shutil.rmtree(self.dir, ignore_errors=True)
+        assert not left, f"the node's step cgroups could not be removed: {left}"
 
     def strays(self) -> list[int]:
         """Live processes whose command line names this node's state dir (a template before
