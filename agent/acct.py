@@ -117,15 +117,7 @@ def usage_of(db: Store, job: int) -> dict[str, Any] | None:
 
 def states_of(db: Store, ids: set[int]) -> dict[int, str]:
     """How these jobs ended, for those the history holds."""
-    out: dict[int, str] = {}
-    todo = sorted(ids)
-    for i in range(0, len(todo), 500):
-        chunk = todo[i:i + 500]
-        marks = ", ".join("?" for _ in chunk)
-        for job, state in db.conn.execute(
-                f"SELECT job, state FROM job_acct WHERE job IN ({marks})", chunk):
-            out[int(job)] = str(state)
-    return out
+    return db.states_of(ids, table="job_acct", key="job")
 
 
 def array_states(db: Store, array_id: int) -> dict[int, str]:

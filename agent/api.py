@@ -252,15 +252,20 @@ def list_jobs(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
     after = arg_int(req.args, "after", default=0, minimum=0)
     limit = arg_int(req.args, "limit", default=LIST_PAGE, minimum=1, maximum=LIST_PAGE)
     jobs = agent.db.page(after, limit + 1)
+    return paged([agent.public(job) for job in jobs[:limit]], limit, len(jobs) > limit)
+
+
+def paged(rows: list[dict[str, Any]], limit: int, more: bool) -> dict[str, Any]:
+    """A page of ``rows`` (at most ``limit``; ``more``: further rows follow) that fits in one
+    frame: it ends early once the encoded rows pass LIST_PAGE_BYTES (one row at least)."""
     out: list[dict[str, Any]] = []
     size = 0
-    for job in jobs[:limit]:
-        pub = agent.public(job)
-        size += len(msgpack.packb(pub))
-        if out and size > LIST_PAGE_BYTES:  # by size too: a page must fit in one frame
+    for row in rows[:limit]:
+        size += len(msgpack.packb(row))
+        if out and size > LIST_PAGE_BYTES:
             return {"jobs": out, "more": True}
-        out.append(pub)
-    return {"jobs": out, "more": len(jobs) > limit}
+        out.append(row)
+    return {"jobs": out, "more": more or len(rows) > limit}
 
 
 def acct_args(args: Any, kind: str) -> dict[str, Any]:
@@ -302,15 +307,8 @@ def acct_jobs(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
     rows = acct.query(agent.db, after=after, limit=limit + 1, refs=refs, users=lists["users"],
                       states=lists["states"], names=lists["names"], since=since, until=until,
                       uid=peer.uid if mine else None)
-    out: list[dict[str, Any]] = []
-    size = 0
-    for row in rows[:limit]:
-        pub = acct.public(row, agent.cfg.node)
-        size += len(msgpack.packb(pub))
-        if out and size > LIST_PAGE_BYTES:
-            return {"jobs": out, "more": True}
-        out.append(pub)
-    return {"jobs": out, "more": len(rows) > limit}
+    return paged([acct.public(row, agent.cfg.node) for row in rows[:limit]], limit,
+                 len(rows) > limit)
 
 
 def show(agent: Agent, peer: Peer, req: protocol.Request) -> Any:

@@ -46,7 +46,7 @@ import psycopg
 import zmq
 
 import tether
-from tether.agent import acct, batch, cluster_db, cluster_local, lifecycle_effects
+from tether.agent import acct, batch, cluster_db, cluster_local, lifecycle, lifecycle_effects
 from tether.agent.cluster_pass import Outcome, Passes, Snapshot
 from tether.agent.cluster_relay import RelayServer
 from tether.agent.job import FINAL, Job
@@ -63,8 +63,6 @@ log = logging.getLogger("tether.agent.cluster")
 
 #: how long the agent's stop waits for the worker to say an idle node leaves
 LEAVE_WAIT = 12.0
-#: how a final local job whose step this node never started reads (lifecycle.py's words)
-NEVER_STARTED = ("never started", "could not start its supervisor")
 #: jobs in a row this node could not start, after which it drains itself (a broken install
 #: would otherwise take and fail the whole queue; Slurm drains such a node too)
 DRAIN_AFTER = 3
@@ -500,4 +498,4 @@ def result_of(job: Job) -> dict[str, Any]:
 def never_ran(job: Job) -> bool:
     """Did this node fail to start the job's step at all (lifecycle.py's "never started")?"""
     return job.state == "failed" and job.started_at is None and (job.reason or "").startswith(
-        NEVER_STARTED)
+        lifecycle.UNSTARTED)

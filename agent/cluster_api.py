@@ -24,12 +24,11 @@ import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-import msgpack
 import psycopg
 import zmq
 
 from tether.agent import users
-from tether.agent.api import PENDING
+from tether.agent.api import LIST_PAGE, PENDING, paged
 from tether.agent.offload import Offload
 from tether.agent.request_args import batch_args, owner_or_root, submitter
 from tether.shared import cluster_db, jobopts, outpattern, protocol
@@ -52,9 +51,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("tether.agent.cluster")
 
-#: jobs per ``list`` page, and the bytes one page may take (it must fit in one frame)
-LIST_PAGE = 500
-LIST_PAGE_BYTES = 256 * 1024
 MAX_HOLD = 600.0
 #: what a cluster job carries of a submission
 CARRIED = frozenset({"command", "name", "cpus", "gpus", "memory_mb", "ntasks", "output", "error",
@@ -236,7 +232,7 @@ class ClusterRequests:
         limit = arg_int(req.args, "limit", default=LIST_PAGE, minimum=1, maximum=LIST_PAGE)
 
         return self.run(peer, req.id, lambda c: cluster_db.list_jobs(c, after, limit + 1),
-                        lambda jobs: paged(jobs, limit))
+                        lambda jobs: paged(jobs, limit, False))
 
     def show(self, peer: Conn, req: protocol.Request) -> Any:
         check_known(req.args, req.kind, ("job", "index"))
@@ -379,7 +375,7 @@ class ClusterRequests:
                                    names=a["lists"]["names"], since=a["since"],
                                    until=a["until"], uid=peer.uid if a["mine"] else None)
 
-        return self.run(peer, req.id, query, lambda rows: paged(rows, limit))
+        return self.run(peer, req.id, query, lambda rows: paged(rows, limit, False))
 
     def on_node(self, peer: Conn, req: protocol.Request) -> Any:
         """``suspend`` and ``resume`` of a cluster job: the node's own job if it runs here, else
@@ -404,19 +400,6 @@ class ClusterRequests:
                 "job": job, "kind": req.kind, "args": {}}, v=req.v)
             return self.relay(peer, relayed)
         return self.run(peer, req.id, lambda c: cluster_db.where(c, job), elsewhere)
-
-
-def paged(rows: list[dict[str, Any]], limit: int) -> dict[str, Any]:
-    """A page of at most ``limit`` of ``rows`` (one more was read: is there more?) that fits
-    in one frame: it ends early past LIST_PAGE_BYTES (always one row at least)."""
-    out: list[dict[str, Any]] = []
-    size = 0
-    for row in rows[:limit]:
-        size += len(msgpack.packb(row))
-        if out and size > LIST_PAGE_BYTES:
-            return {"jobs": out, "more": True}
-        out.append(row)
-    return {"jobs": out, "more": len(rows) > limit}
 
 
 def scheduling(args: Any) -> dict[str, Any]:

@@ -309,15 +309,16 @@ class Store:
                                 f"({marks})", (uid, *states)).fetchone()
         return int(row[0])
 
-    def states_of(self, ids: set[int]) -> dict[int, str]:
-        """The states of these jobs (unknown ones left out)."""
+    def states_of(self, ids: set[int], table: str = "jobs", key: str = "id") -> dict[int, str]:
+        """The states of these jobs (unknown ones left out), 500 at a time; in ``table``
+        (``job_acct``, keyed by ``job``: the accounting history), a name of ours, never input."""
         out: dict[int, str] = {}
         todo = sorted(ids)
         for i in range(0, len(todo), 500):
             chunk = todo[i:i + 500]
             marks = ", ".join("?" for _ in chunk)
             for job_id, state in self.conn.execute(
-                    f"SELECT id, state FROM jobs WHERE id IN ({marks})", chunk):
+                    f"SELECT {key}, state FROM {table} WHERE {key} IN ({marks})", chunk):
                 out[int(job_id)] = str(state)
         return out
 

@@ -75,6 +75,11 @@ from tether.agent.lifecycle_events import (
 
 #: attempts after which a job whose supervisor never started is failed rather than requeued
 MAX_ATTEMPTS = 5
+#: how the reason of a job failed because its supervisor never started begins (a cluster's
+#: member gives such a run back to the queue: it never ran; cluster.py)
+NEVER_STARTED = "never started"
+COULD_NOT_START = "could not start its supervisor"
+UNSTARTED = (NEVER_STARTED, COULD_NOT_START)
 
 
 class State(enum.Enum):
@@ -162,7 +167,7 @@ def _never_ran(m: Machine, reason: str, *, then: list[Effect],
         first: Effect = Finalize(state="cancelled", reason="cancelled before it started")
     elif m.attempt >= MAX_ATTEMPTS:
         first = Finalize(state="failed",
-                         reason=f"never started in {m.attempt} attempts; last: {reason}")
+                         reason=f"{NEVER_STARTED} in {m.attempt} attempts; last: {reason}")
     else:
         first = Requeue(reason=reason)
     return _finish(m, [first, *then], state)
@@ -196,7 +201,7 @@ def _spawned(m: Machine, ev: Event) -> tuple[Machine, list[Effect]]:
 
 def _spawn_failed(m: Machine, ev: Event) -> tuple[Machine, list[Effect]]:
     assert isinstance(ev, SpawnFailed)
-    fin = Finalize(state="failed", reason=f"could not start its supervisor: {ev.reason}")
+    fin = Finalize(state="failed", reason=f"{COULD_NOT_START}: {ev.reason}")
     return _finish(m, [fin, RemoveRunDir()], State.DONE)
 
 

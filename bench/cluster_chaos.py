@@ -98,7 +98,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import psycopg  # noqa: E402
 from psycopg.rows import dict_row  # noqa: E402
 
-from bench.common import kill_tree, remove_cgroups_under  # noqa: E402
+from bench.common import kill_tree, naming  # noqa: E402
 from tests.pgserver import ScratchPostgres  # noqa: E402
 from tether.shared import stamps  # noqa: E402
 from tether.shared.client import Client, NotListening  # noqa: E402
@@ -245,65 +245,6 @@ def task_processes(work: str) -> list[tuple[int, int, int, str]]:
             sid = 0
         found.append((int(name), job, attempt, session_state(sid, sessions) if sid else ""))
     return found
-
-
-def naming(path: str) -> list[int]:
-    """Live processes whose command line names ``path``."""
-    me, found = os.getpid(), []
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) == me:
-            continue
-        try:
-            with open(f"/proc/{name}/cmdline", "rb") as f:
-                if path.encode() not in f.read():
-                    continue
-            with open(f"/proc/{name}/stat", "rb") as f:
-                if f.read().rsplit(b")", 1)[1].split()[0] in (b"Z", b"X"):
-                    continue
-        except (OSError, IndexError):
-            continue
-        found.append(int(name))
-    return found
-
-
-def stat_fields(pid: int) -> list[bytes]:
-    """The fields of /proc/PID/stat after the command (state, ppid, pgrp, session, ...)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()
-    except (OSError, IndexError):
-        return []
-
-
-def kill_node(state: str, sessions: set[int]) -> int:
-    """SIGKILL everything of one node's agent: what names its state directory (agent, template,
-    supervisors) and every process of their sessions, each process group at once first (a
-    task's shell and its children together: killed one by one, a shell whose child died first
-    would run on for a moment), then the steps' cgroups. ``sessions``: those found so far (kept
-    by the caller: a task outlives its supervisor's title). Returns how many were found."""
-    named = naming(state)
-    sessions |= {int(f[3]) for p in named if len(f := stat_fields(p)) > 3}
-    victims = set(named)
-    groups = set()
-    for name in os.listdir("/proc"):
-        if name.isdigit() and int(name) != os.getpid():
-            f = stat_fields(int(name))
-            if len(f) > 3 and f[0] not in (b"Z", b"X") and int(f[3]) in sessions:
-                victims.add(int(name))
-                groups.add(int(f[2]))
-    groups.discard(os.getpgrp())
-    for group in groups:
-        try:
-            os.killpg(group, signal.SIGKILL)
-        except OSError:
-            pass
-    for pid in victims:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
-    remove_cgroups_under(state)
-    return len(victims)
 
 
 class ProcWatch(threading.Thread):
@@ -750,7 +691,7 @@ class Chaos:
         sessions: set[int] = set()
         quiet = 0
         while quiet < 3:  # three scans in a row with nothing of it left
-            killed = kill_node(agent.state, sessions)
+            killed = kill_tree(agent.state, sessions)
             left = naming(agent.state) + [p for p, j, a, st in task_processes(self.work)
                                           if st == agent.state or (j, a) in keys]
             for pid in left:

@@ -7,32 +7,56 @@ import os
 import signal
 
 
-def kill_tree(state: str) -> int:
-    marker = state.encode()
-    sessions: set[int] = set()
-    victims: set[int] = set()
+def naming(path: str) -> list[int]:
+    """Live processes whose command line names ``path`` (zombies aside)."""
+    me, found = os.getpid(), []
     for name in os.listdir("/proc"):
-        if not name.isdigit():
+        if not name.isdigit() or int(name) == me:
             continue
         try:
             with open(f"/proc/{name}/cmdline", "rb") as f:
-                if marker not in f.read():
+                if path.encode() not in f.read():
                     continue
-            with open(f"/proc/{name}/stat", "rb") as f:
-                sessions.add(int(f.read().rsplit(b")", 1)[1].split()[3]))
-        except (OSError, IndexError, ValueError):
+        except OSError:
             continue
-        victims.add(int(name))
+        if stat_fields(int(name))[:1] not in ([b"Z"], [b"X"], []):
+            found.append(int(name))
+    return found
+
+
+def stat_fields(pid: int) -> list[bytes]:
+    """The fields of /proc/PID/stat after the command (state, ppid, pgrp, session, ...)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return []
+
+
+def kill_tree(state: str, sessions: set[int] | None = None) -> int:
+    """SIGKILL the agent, template and supervisors of one state directory (their command lines
+    name it) and every process of their sessions, each process group at once first (a task's
+    shell and its children together: killed one by one, a shell whose child died first would
+    run on for a moment), then remove the steps' cgroups. ``sessions``: those found so far, kept
+    by a caller that kills again (a task outlives its supervisor's title). Returns how many
+    processes were found."""
+    sessions = set() if sessions is None else sessions
+    named = naming(state)
+    sessions |= {int(f[3]) for p in named if len(f := stat_fields(p)) > 3}
+    victims = set(named)
+    groups = set()
     for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
+        if name.isdigit() and int(name) != os.getpid():
+            f = stat_fields(int(name))
+            if len(f) > 3 and f[0] not in (b"Z", b"X") and int(f[3]) in sessions:
+                victims.add(int(name))
+                groups.add(int(f[2]))
+    groups.discard(os.getpgrp())
+    for group in groups:
         try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                if int(f.read().rsplit(b")", 1)[1].split()[3]) in sessions:
-                    victims.add(int(name))
-        except (OSError, IndexError, ValueError):
-            continue
-    victims.discard(os.getpid())
+            os.killpg(group, signal.SIGKILL)
+        except OSError:
+            pass
     for pid in victims:
         try:
             os.kill(pid, signal.SIGKILL)
