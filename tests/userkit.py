@@ -43,22 +43,39 @@ def made_users(n: int) -> Iterator[list[User]]:
             remove_user(name)
 
 
-def remove_user(name: str, within: float = 15.0) -> None:
-    """``userdel``, until it works. A user who still has processes (exit 8: a job its test's
-    agent still runs, when this fixture is torn down before the node's; killed processes not yet
-    reaped) has them killed first: a user left behind is a leak, and one that cannot be removed
-    fails the test that made it, naming it."""
+def remove_user(name: str, within: float = 5.0) -> bool:
+    """``userdel``, until it works. A user who still has processes (exit 8) has them killed
+    first; one still in use after ``within`` seconds (a zombie its test's agent has not reaped
+    yet: the fixture that made the user is torn down before the node's) is left to
+    ``remove_left_users`` at the session's end, after every node's clean-up. True if removed."""
     deadline = time.monotonic() + within
     while True:
         res = subprocess.run(["userdel", name], capture_output=True, text=True)
         if res.returncode in (0, 6):  # removed, or no such user
-            return
+            return True
         if time.monotonic() > deadline:
+            if res.returncode == 8:
+                LEFT.append(name)
+                return False
             raise AssertionError(f"test user {name} could not be removed: userdel exit "
                                  f"{res.returncode}: {res.stderr.strip()}")
         if res.returncode == 8:
             kill_processes_of(pwd.getpwnam(name).pw_uid)
         time.sleep(0.05)
+
+
+#: users still in use when their test ended: removed at the session's end
+LEFT: list[str] = []
+
+
+def remove_left_users() -> list[str]:
+    """The session's end (conftest.py): remove the users left in use; those that still cannot
+    be removed, by name."""
+    pending = list(LEFT)
+    LEFT.clear()
+    failed = [name for name in pending if not remove_user(name, within=15.0)]
+    LEFT.clear()
+    return failed
 
 
 def kill_processes_of(uid: int) -> None:
