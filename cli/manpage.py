@@ -65,7 +65,7 @@ def page(top: argparse.ArgumentParser, date: str | None = None) -> str:
         f'.TH TETHER 1 "{date}" "tether {esc(tether.__version__)}" "User Commands"',
         ".SH NAME", "tether \\- run jobs on a node under per\\-step supervisors",
         ".SH SYNOPSIS", ".nf", bold("tether") + " [\\fB\\-V\\fR] [\\fB\\-\\-state\\-dir\\fR "
-        "\\fIDIR\\fR] [\\fB\\-\\-cluster\\fR \\fIDSN\\fR] \\fICOMMAND\\fR [\\fIOPTIONS\\fR] ...",
+        "\\fIDIR\\fR] \\fICOMMAND\\fR [\\fIOPTIONS\\fR] ...",
         ".fi",
         ".SH DESCRIPTION", esc(top.description or ""),
         ".PP", esc("A node agent (tether agent) queues jobs and starts one long-lived supervisor "

@@ -4,6 +4,7 @@ completion, no config file)."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -150,3 +151,13 @@ def test_missing_settings_file_named_with_config_is_an_error() -> None:
     res = subprocess.run([*CLI, "agent", "--config", "/nonexistent/tether.toml"],
                          capture_output=True, text=True, timeout=30)
     assert res.returncode == 1 and "does not exist" in res.stderr
+
+
+def test_man_page_synopsis_names_only_options_tether_has() -> None:
+    """Its SYNOPSIS is written by hand (cli/manpage.py): it named a global `--cluster DSN`
+    that tether never had (issue 26, point 7)."""
+    page = out("man")
+    synopsis = page.split(".SH SYNOPSIS", 1)[1].split(".SH ", 1)[0].replace("\\-", "-")
+    named = set(re.findall(r"(?<![\w-])(--?[a-zA-Z][\w-]*)", re.sub(r"\\f[BIRP]", "", synopsis)))
+    top = {o for a in build_parser()._actions for o in a.option_strings}
+    assert named and named <= top, sorted(named - top)

@@ -1,0 +1,245 @@
+"""Every ``tether`` command line the docs quote parses with today's parser (issue 26, point 7).
+
+README.md and docs/cli.md show command lines people copy: in code blocks and in inline code.
+Each one is taken out of its shell line (``tether list; tether show 1 --json``,
+``source <(tether completion bash); tether man | man -l -``, a trailing ``# comment``, a
+trailing ``&``) and handed to the argparse parser exactly as ``cli/main.py`` builds it for that
+line (``build_parser(argv)``, then ``Parser.parse``), without running anything. A line that no
+longer parses fails by its file, line number and text, with the parser's own one-line error.
+
+docs/cli.md also writes synopses (``tether submit [--cpus N] ... -- CMD [ARG...]``,
+``tether suspend JOB``): a span with ``[``, ``...``, an alternative (``|``) or a capitalised
+placeholder is a synopsis, not a command line. Its words are metasyntax, so it is not parsed;
+instead every option it names must be an option of the command it names (the synopses are
+written by hand, beside the generated man page). ``tether hold`` alone in prose names the
+command: its verb must exist.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shlex
+
+import pytest
+
+from tether.cli.errors import CliError
+from tether.cli.parser import build_parser
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+#: shell words that end one command and may begin the next
+SEPARATORS = {";", "&", "&&", "|", "||", "(", ")", "<(", "$(", ">", "<", ">>"}
+#: a synopsis' words: `JOB`, `NODE`, `CMD`, `ARG`, `SIGNAL`, `F[:W]`, ... (a real command line
+#: names none: its job is `1`, its node `n1`)
+PLACEHOLDER = re.compile(r"(?<![\w%-])[A-Z][A-Z_]*(?!\w)")
+#: the `tether` command, as people type it or as the venv holds it
+TETHER = re.compile(r"^(?:\S*/)?tether$")
+
+
+def strip_comment(line: str) -> str:
+    """The shell line without its ``# comment`` (a ``#`` that begins a word, outside quotes)."""
+    quote = ""
+    for i, ch in enumerate(line):
+        if quote:
+            if ch == quote:
+                quote = ""
+        elif ch in "'\"":
+            quote = ch
+        elif ch == "#" and (i == 0 or line[i - 1].isspace()):
+            return line[:i]
+    return line
+
+
+def commands(shell: str) -> list[list[str]]:
+    """Each ``tether ...`` command of one shell line, as the argv after ``tether``."""
+    lexer = shlex.shlex(strip_comment(shell), posix=True, punctuation_chars=";&|()<>$")
+    lexer.whitespace_split = True
+    lexer.commenters = ""
+    words = list(lexer)
+    found: list[list[str]] = []
+    start = True  # at the beginning of a command
+    current: list[str] | None = None
+    for word in words:
+        if word in SEPARATORS or set(word) <= set(";&|()<>$"):
+            if current is not None:
+                found.append(current)
+            current, start = None, True
+            continue
+        if current is not None:
+            current.append(word)
+        elif start and TETHER.match(word):
+            current = []
+        start = False
+    if current is not None:
+        found.append(current)
+    return found
+
+
+def code_lines(path: str) -> list[tuple[int, str]]:
+    """(line number, shell line) of every line of a code block: indented by four spaces after a
+    blank line (README.md's style) or between ``` fences."""
+    with open(path) as f:
+        lines = f.read().splitlines()
+    out: list[tuple[int, str]] = []
+    fenced = indented = False
+    for n, line in enumerate(lines, 1):
+        if line.startswith("```"):
+            fenced = not fenced
+            continue
+        if fenced:
+            out.append((n, line))
+            continue
+        if line.startswith("    ") and (indented or n == 1 or not lines[n - 2].strip()):
+            indented = True
+            if not line.lstrip().startswith(("- ", "* ", "|")):
+                out.append((n, line.strip()))
+            continue
+        indented = indented and not line.strip()
+    return out
+
+
+def inline_spans(path: str) -> list[tuple[int, str]]:
+    """(line number, text) of every inline code span that begins with ``tether ``."""
+    with open(path) as f:
+        lines = f.read().splitlines()
+    out: list[tuple[int, str]] = []
+    for n, line in enumerate(lines, 1):
+        if line.startswith("    "):
+            continue  # a code block's line: code_lines has it
+        for span in re.findall(r"`([^`]+)`", line):
+            if re.match(r"(?:\S*/)?tether\s", span):
+                # a table cell writes a pipe as `\|`
+                out.append((n, span.replace("\\|", "|")))
+    return out
+
+
+def synopsis(text: str) -> bool:
+    """A usage line with metasyntax, not a command line (docs/cli.md's tables)."""
+    return ("[" in text or "..." in text or "|" in text.replace(" | ", " ")
+            or "/" in text.split()[1] or bool(PLACEHOLDER.search(text)))
+
+
+def named(text: str) -> bool:
+    """A synopsis, or a command named in prose (``tether hold``): not a command line."""
+    words = text.split()
+    return synopsis(text) or (len(words) == 2 and bool(re.match(r"[a-z]", words[1])))
+
+
+def quoted(doc: str, synopses: bool) -> list[tuple[str, list[str]]]:
+    """(where, argv) of every tether command line quoted in ``doc``; with ``synopses``, the
+    synopses and bare command names are left out (``synopses_of`` has them)."""
+    path = os.path.join(ROOT, doc)
+    found: list[tuple[str, list[str]]] = []
+    for n, text in code_lines(path) + inline_spans(path):
+        if synopses and named(text):
+            continue
+        for argv in commands(text):
+            found.append((f"{doc}:{n}: {text}", argv))
+    return found
+
+
+def synopses_of(doc: str) -> list[tuple[str, list[str], list[str]]]:
+    """(where, the command's words, the options it names) of every synopsis in ``doc``'s
+    inline code (``tether inspect/attach/signal JOB ...`` names three commands)."""
+    path = os.path.join(ROOT, doc)
+    found: list[tuple[str, list[str], list[str]]] = []
+    for n, text in inline_spans(path):
+        if not named(text):
+            continue
+        words = text.split()[1:]
+        if not words or not re.match(r"[a-z]", words[0]):
+            continue  # `tether COMMAND --help`, `tether VERSION`: about every command
+        options = [m for w in words
+                   for m in re.findall(r"(?<![\w-])(--?[a-zA-Z][\w-]*)", w)]
+        for verb in words[0].split("/"):
+            command = [verb]
+            if verb == "cluster" and len(words) > 1:
+                command.append(words[1])
+            found.append((f"{doc}:{n}: {text}", command, options))
+    return found
+
+
+def options_of(command: list[str]) -> set[str] | None:
+    """Every option string of ``command`` (``["cluster", "init"]``), or None when the parser
+    has no such command."""
+    parser: argparse.ArgumentParser = build_parser()
+    for word in command:
+        subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        if not subs or word not in subs[0].choices:
+            return None
+        parser = subs[0].choices[word]
+    return {o for a in parser._actions for o in a.option_strings}
+
+
+def parse_error(argv: list[str]) -> str | None:
+    """The parser's complaint about ``argv``, or None when it parses, built as cli/main.py
+    builds it (only the named verb's parser when the line names one)."""
+    try:
+        parser = build_parser(argv)
+        ns = parser.parse(argv)
+    except CliError as exc:
+        return str(exc)
+    except SystemExit as exc:  # --help, --version: argparse's own exits
+        return None if exc.code == 0 else f"exit {exc.code}"
+    if ns.cmd is None:
+        return "no command"
+    return None
+
+
+README = quoted("README.md", synopses=False)
+CLI_MD = quoted("docs/cli.md", synopses=True)
+SYNOPSES = synopses_of("docs/cli.md")
+
+
+def test_the_docs_quote_command_lines() -> None:
+    """The extraction finds what is there (a test that finds nothing cannot fail)."""
+    assert len(README) >= 40, README
+    assert len(CLI_MD) >= 8, CLI_MD
+    assert len(SYNOPSES) >= 30, SYNOPSES
+    readme = {" ".join(argv) for _, argv in README}
+    assert "completion bash" in readme and "man" in readme  # inside <( ) and before a pipe
+    assert "agent" in readme  # .venv/bin/tether agent &
+
+
+@pytest.mark.parametrize("where, argv", README, ids=[w.split(":")[1] for w, _ in README])
+def test_every_command_line_of_the_readme_parses(where: str, argv: list[str]) -> None:
+    error = parse_error(argv)
+    assert error is None, f"{where}\n  tether {shlex.join(argv)}: {error}"
+
+
+@pytest.mark.parametrize("where, argv", CLI_MD, ids=[w.split(":")[1] for w, _ in CLI_MD])
+def test_every_command_line_of_cli_md_parses(where: str, argv: list[str]) -> None:
+    error = parse_error(argv)
+    assert error is None, f"{where}\n  tether {shlex.join(argv)}: {error}"
+
+
+@pytest.mark.parametrize("where, command, options", SYNOPSES,
+                         ids=[f"{w.split(':')[1]}-{'-'.join(c)}" for w, c, _ in SYNOPSES])
+def test_every_synopsis_of_cli_md_names_real_options(where: str, command: list[str],
+                                                     options: list[str]) -> None:
+    known = options_of(command)
+    assert known is not None, f"{where}\n  no command 'tether {' '.join(command)}'"
+    unknown = [o for o in options if o not in known]
+    assert not unknown, f"{where}\n  'tether {' '.join(command)}' has no {', '.join(unknown)}"
+
+
+@pytest.mark.parametrize("shell, expected", [
+    ("tether list; tether show 1 --json", [["list"], ["show", "1", "--json"]]),
+    ("source <(tether completion bash); tether man | man -l -",
+     [["completion", "bash"], ["man"]]),
+    (".venv/bin/tether agent &   # as root: state in /var/lib/tether", [["agent"]]),
+    ("tether submit -o 'a #b' -- ./x#y  # it's a comment", [["submit", "-o", "a #b", "--",
+                                                            "./x#y"]]),
+    ("systemctl reload tether-agent", []),
+    ("man tether", []),
+])
+def test_command_lines_are_found_in_shell_lines(shell: str, expected: list[list[str]]) -> None:
+    assert commands(shell) == expected
+
+
+def test_a_line_that_does_not_parse_is_reported() -> None:
+    assert parse_error(["submit", "--cpu", "2", "--", "x"]) is not None
+    assert parse_error(["nonsense"]) is not None
+    assert parse_error(["list", "--state", "running"]) is None
