@@ -21,6 +21,8 @@ import argparse
 import os
 import re
 import shlex
+import subprocess
+import sys
 
 import pytest
 
@@ -243,3 +245,45 @@ def test_a_line_that_does_not_parse_is_reported() -> None:
     assert parse_error(["submit", "--cpu", "2", "--", "x"]) is not None
     assert parse_error(["nonsense"]) is not None
     assert parse_error(["list", "--state", "running"]) is None
+
+
+def python_examples() -> list[tuple[str, str]]:
+    """(where, code) of every ```python block of README.md and docs/*.md."""
+    found: list[tuple[str, str]] = []
+    docs = ["README.md"] + [f"docs/{n}" for n in sorted(os.listdir(os.path.join(ROOT, "docs")))
+                            if n.endswith(".md")]
+    for doc in docs:
+        with open(os.path.join(ROOT, doc)) as f:
+            text = f.read()
+        for m in re.finditer(r"^```python\n(.*?)^```", text, re.S | re.M):
+            found.append((f"{doc}:{text[:m.start()].count(chr(10)) + 1}", m.group(1)))
+    return found
+
+
+EXAMPLES = python_examples()
+
+
+@pytest.mark.parametrize("where, code", EXAMPLES, ids=[w for w, _ in EXAMPLES])
+def test_every_python_example_compiles_and_imports_what_tether_has(where: str,
+                                                                    code: str) -> None:
+    """docs/client.md's example imported `shared.step_client`, which an installation does not
+    have (one import root: `tether.shared.step_client`). Imported as a user's script would, by
+    the venv's interpreter in isolated mode from `/` (the tests' own path has the checkout's
+    folders on it, where `shared` is importable)."""
+    import ast
+
+    tree = ast.parse(code, where)  # a SyntaxError names the line
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            lines.append(f"from {node.module} import {', '.join(a.name for a in node.names)}")
+        elif isinstance(node, ast.Import):
+            lines += [f"import {alias.name}" for alias in node.names]
+    assert lines, f"{where}: an example that imports nothing"
+    res = subprocess.run([sys.executable, "-I", "-c", "\n".join(lines)], cwd="/",
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, f"{where}: {res.stderr.strip().splitlines()[-1]}"
+
+
+def test_there_are_python_examples() -> None:
+    assert any("client.md" in w for w, _ in EXAMPLES), EXAMPLES
