@@ -1,14 +1,14 @@
 """Every ``tether`` command line the docs quote parses with today's parser (issue 26, point 7).
 
-README.md and docs/cli.md show command lines people copy: in code blocks and in inline code.
+README.md and docs/*.md show command lines people copy: in code blocks and in inline code.
 Each one is taken out of its shell line (``tether list; tether show 1 --json``,
 ``source <(tether completion bash); tether man | man -l -``, a trailing ``# comment``, a
 trailing ``&``) and handed to the argparse parser exactly as ``cli/main.py`` builds it for that
 line (``build_parser(argv)``, then ``Parser.parse``), without running anything. A line that no
 longer parses fails by its file, line number and text, with the parser's own one-line error.
 
-docs/cli.md also writes synopses (``tether submit [--cpus N] ... -- CMD [ARG...]``,
-``tether suspend JOB``): a span with ``[``, ``...``, an alternative (``|``) or a capitalised
+The docs (docs/cli.md above all) also write synopses (``tether suspend JOB``,
+``tether submit [--cpus N] ... -- CMD [ARG...]``): a span with ``[``, ``...``, an alternative (``|``) or a capitalised
 placeholder is a synopsis, not a command line. Its words are metasyntax, so it is not parsed;
 instead every option it names must be an option of the command it names (the synopses are
 written by hand, beside the generated man page). ``tether hold`` alone in prose names the
@@ -38,6 +38,8 @@ SEPARATORS = {";", "&", "&&", "|", "||", "(", ")", "<(", "$(", ">", "<", ">>"}
 PLACEHOLDER = re.compile(r"(?<![\w%-])[A-Z][A-Z_]*(?!\w)")
 #: the `tether` command, as people type it or as the venv holds it
 TETHER = re.compile(r"^(?:\S*/)?tether$")
+#: a line that may run it
+MENTIONS = re.compile(r"(?:^|[\s;&|(])(?:\S*/)?tether(?:\s|$)")
 
 
 def strip_comment(line: str) -> str:
@@ -119,8 +121,10 @@ def inline_spans(path: str) -> list[tuple[int, str]]:
 
 def synopsis(text: str) -> bool:
     """A usage line with metasyntax, not a command line (docs/cli.md's tables)."""
+    words = text.split()
     return ("[" in text or "..." in text or "|" in text.replace(" | ", " ")
-            or "/" in text.split()[1] or bool(PLACEHOLDER.search(text)))
+            or (len(words) > 1 and "/" in words[1]) or "/--" in text
+            or bool(PLACEHOLDER.search(text)))
 
 
 def named(text: str) -> bool:
@@ -135,8 +139,8 @@ def quoted(doc: str, synopses: bool) -> list[tuple[str, list[str]]]:
     path = os.path.join(ROOT, doc)
     found: list[tuple[str, list[str]]] = []
     for n, text in code_lines(path) + inline_spans(path):
-        if synopses and named(text):
-            continue
+        if not MENTIONS.search(text) or (synopses and named(text)):
+            continue  # a log line, a diagram, a table: no tether command in it
         for argv in commands(text):
             found.append((f"{doc}:{n}: {text}", argv))
     return found
@@ -191,15 +195,19 @@ def parse_error(argv: list[str]) -> str | None:
 
 
 README = quoted("README.md", synopses=False)
-CLI_MD = quoted("docs/cli.md", synopses=True)
-SYNOPSES = synopses_of("docs/cli.md")
+#: docs/cli.md first: the contract of the command line
+DOCS_MD = ["docs/cli.md"] + sorted(f"docs/{n}" for n in os.listdir(os.path.join(ROOT, "docs"))
+                                   if n.endswith(".md") and n != "cli.md")
+CLI_MD = [found for doc in DOCS_MD for found in quoted(doc, synopses=True)]
+SYNOPSES = [found for doc in DOCS_MD for found in synopses_of(doc)]
 
 
 def test_the_docs_quote_command_lines() -> None:
     """The extraction finds what is there (a test that finds nothing cannot fail)."""
     assert len(README) >= 40, README
-    assert len(CLI_MD) >= 8, CLI_MD
-    assert len(SYNOPSES) >= 30, SYNOPSES
+    assert sum(w.startswith("docs/cli.md") for w, _ in CLI_MD) >= 8, CLI_MD
+    assert sum(w.startswith("docs/cli.md") for w, _, _ in SYNOPSES) >= 30, SYNOPSES
+    assert any(w.startswith("docs/cluster.md") for w, _ in CLI_MD), CLI_MD
     readme = {" ".join(argv) for _, argv in README}
     assert "completion bash" in readme and "man" in readme  # inside <( ) and before a pipe
     assert "agent" in readme  # .venv/bin/tether agent &
@@ -211,15 +219,17 @@ def test_every_command_line_of_the_readme_parses(where: str, argv: list[str]) ->
     assert error is None, f"{where}\n  tether {shlex.join(argv)}: {error}"
 
 
-@pytest.mark.parametrize("where, argv", CLI_MD, ids=[w.split(":")[1] for w, _ in CLI_MD])
-def test_every_command_line_of_cli_md_parses(where: str, argv: list[str]) -> None:
+@pytest.mark.parametrize("where, argv", CLI_MD,
+                         ids=[":".join(w.split(":")[:2]) for w, _ in CLI_MD])
+def test_every_command_line_of_the_docs_parses(where: str, argv: list[str]) -> None:
     error = parse_error(argv)
     assert error is None, f"{where}\n  tether {shlex.join(argv)}: {error}"
 
 
 @pytest.mark.parametrize("where, command, options", SYNOPSES,
-                         ids=[f"{w.split(':')[1]}-{'-'.join(c)}" for w, c, _ in SYNOPSES])
-def test_every_synopsis_of_cli_md_names_real_options(where: str, command: list[str],
+                         ids=[f"{':'.join(w.split(':')[:2])}-{'-'.join(c)}"
+                              for w, c, _ in SYNOPSES])
+def test_every_synopsis_of_the_docs_names_real_options(where: str, command: list[str],
                                                      options: list[str]) -> None:
     known = options_of(command)
     assert known is not None, f"{where}\n  no command 'tether {' '.join(command)}'"
