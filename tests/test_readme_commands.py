@@ -8,8 +8,8 @@ line (``build_parser(argv)``, then ``Parser.parse``), without running anything. 
 longer parses fails by its file, line number and text, with the parser's own one-line error.
 
 The docs (docs/cli.md above all) also write synopses (``tether suspend JOB``,
-``tether submit [--cpus N] ... -- CMD [ARG...]``): a span with ``[``, ``...``, an alternative (``|``) or a capitalised
-placeholder is a synopsis, not a command line. Its words are metasyntax, so it is not parsed;
+``tether submit [--cpus N] ... -- CMD [ARG...]``): a span with ``[``, ``...``, an
+alternative (``|``) or a capitalised placeholder is a synopsis, not a command line. Its words are metasyntax, so it is not parsed;
 instead every option it names must be an option of the command it names (the synopses are
 written by hand, beside the generated man page). ``tether hold`` alone in prose names the
 command: its verb must exist.
