@@ -9,10 +9,10 @@ longer parses fails by its file, line number and text, with the parser's own one
 
 The docs (docs/cli.md above all) also write synopses (``tether suspend JOB``,
 ``tether submit [--cpus N] ... -- CMD [ARG...]``): a span with ``[``, ``...``, an
-alternative (``|``) or a capitalised placeholder is a synopsis, not a command line. Its words are metasyntax, so it is not parsed;
-instead every option it names must be an option of the command it names (the synopses are
-written by hand, beside the generated man page). ``tether hold`` alone in prose names the
-command: its verb must exist.
+alternative (``|``) or a capitalised placeholder is a synopsis, not a command line. Its
+words are metasyntax, so it is not parsed; instead every option it names must be an option
+of the command it names (the synopses are written by hand, beside the generated man page).
+``tether hold`` alone in prose names the command: its verb must exist.
 """
 
 from __future__ import annotations
