@@ -148,11 +148,14 @@ def quoted(doc: str, synopses: bool) -> list[tuple[str, list[str]]]:
 
 def synopses_of(doc: str) -> list[tuple[str, list[str], list[str]]]:
     """(where, the command's words, the options it names) of every synopsis in ``doc``'s
-    inline code (``tether inspect/attach/signal JOB ...`` names three commands)."""
+    inline code and code blocks (``tether inspect/attach/signal JOB ...`` names three
+    commands; a code line's first command only, up to its ``;``)."""
     path = os.path.join(ROOT, doc)
     found: list[tuple[str, list[str], list[str]]] = []
-    for n, text in inline_spans(path):
-        if not named(text):
+    spans = [(n, strip_comment(t).split("; ")[0]) for n, t in code_lines(path)]
+    spans += inline_spans(path)
+    for n, text in spans:
+        if not (text.split() and TETHER.match(text.split()[0]) and named(text)):
             continue
         words = text.split()[1:]
         if not words or not re.match(r"[a-z]", words[0]):
