@@ -99,6 +99,10 @@ def admin(ns: argparse.Namespace) -> int:
 
     from tether.shared import cluster_db
 
+    if ns.cluster_cmd == "node-down" and not ns.confirm_dead:  # bad usage: no database needed
+        raise CliError(f"cluster node-down: its jobs would run elsewhere at once, twice if node "
+                       f"{ns.name} still runs them: say --confirm-dead once it is known to be "
+                       "off", EXIT_USAGE)
     if ns.cluster_file:
         dsn = read_secret(ns.cluster_file, f"cluster {ns.cluster_cmd}")
     else:
@@ -178,10 +182,7 @@ def write_secret(path: str, text: str) -> None:
 def cmd_node_down(conn: Any, ns: argparse.Namespace) -> int:
     from tether.shared import cluster_db
 
-    if not ns.confirm_dead:
-        raise CliError(f"cluster node-down: its jobs would run elsewhere at once, twice if node "
-                       f"{ns.name} still runs them: say --confirm-dead once it is known to be "
-                       "off", EXIT_USAGE)
+    assert ns.confirm_dead  # admin refused it without, before connecting
     res = cluster_db.confirm_dead(conn, ns.name)
     if ns.json:
         print(json.dumps(res))

@@ -156,3 +156,13 @@ def test_hot_verbs_import_only_what_they_use(argv: list[str], tmp_path: Any) -> 
                          timeout=30, env=env, cwd=str(tmp_path))
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_node_down_without_confirm_dead_is_bad_usage_even_with_no_database() -> None:
+    """docs/cli.md: exit 2 without --confirm-dead. The database was connected to first, so an
+    unreachable one made it exit 1 with the database's error instead (issue 26, point 7)."""
+    res = subprocess.run([*CLI, "cluster", "node-down", "n1"], capture_output=True, text=True,
+                         timeout=30, env={"PATH": "/usr/bin:/bin",
+                                          "TETHER_CLUSTER": "host=/nonexistent/tt"})
+    assert res.returncode == USAGE, res.stderr
+    assert "--confirm-dead" in one_line(res)
