@@ -12,7 +12,8 @@ The docs (docs/cli.md above all) also write synopses (``tether suspend JOB``,
 alternative (``|``) or a capitalised placeholder is a synopsis, not a command line. Its
 words are metasyntax, so it is not parsed; instead every option it names must be an option
 of the command it names (the synopses are written by hand, beside the generated man page).
-``tether hold`` alone in prose names the command: its verb must exist.
+``tether hold`` alone in prose names the command: its verb must exist. A span that names an
+option after its command without ``tether`` (``submit --no-requeue``) is checked the same way.
 """
 
 from __future__ import annotations
@@ -170,15 +171,36 @@ def synopses_of(doc: str) -> list[tuple[str, list[str], list[str]]]:
     return found
 
 
+def verb_options(doc: str) -> list[tuple[str, list[str], list[str]]]:
+    """(where, the command, the options) of every inline span that names a command's option
+    without `tether` before it (``submit --no-requeue``, ``agent --max-running-per-user``)."""
+    verbs = set(subcommands(build_parser()))
+    with open(os.path.join(ROOT, doc)) as f:
+        lines = f.read().splitlines()
+    found: list[tuple[str, list[str], list[str]]] = []
+    for n, line in enumerate(lines, 1):
+        for span in re.findall(r"`([^`]+)`", line):
+            words = span.replace("\\|", "|").split()
+            if len(words) >= 2 and words[0] in verbs and words[1].startswith("-"):
+                options = re.findall(r"(?<![\w-])(--?[a-zA-Z][\w-]*)", span)
+                found.append((f"{doc}:{n}: {span}", [words[0]], options))
+    return found
+
+
+def subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return dict(subs[0].choices) if subs else {}
+
+
 def options_of(command: list[str]) -> set[str] | None:
     """Every option string of ``command`` (``["cluster", "init"]``), or None when the parser
     has no such command."""
     parser: argparse.ArgumentParser = build_parser()
     for word in command:
-        subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
-        if not subs or word not in subs[0].choices:
+        choices = subcommands(parser)
+        if word not in choices:
             return None
-        parser = subs[0].choices[word]
+        parser = choices[word]
     return {o for a in parser._actions for o in a.option_strings}
 
 
@@ -203,6 +225,7 @@ DOCS_MD = ["docs/cli.md"] + sorted(f"docs/{n}" for n in os.listdir(os.path.join(
                                    if n.endswith(".md") and n != "cli.md")
 CLI_MD = [found for doc in DOCS_MD for found in quoted(doc, synopses=True)]
 SYNOPSES = [found for doc in DOCS_MD for found in synopses_of(doc)]
+SYNOPSES += [found for doc in ["README.md", *DOCS_MD] for found in verb_options(doc)]
 
 
 def test_the_docs_quote_command_lines() -> None:
