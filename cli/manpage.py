@@ -83,6 +83,10 @@ def page(top: argparse.ArgumentParser, date: str | None = None) -> str:
     lines += [".SH EXIT STATUS", ".nf", *(esc(line.strip()) for line in codes), ".fi",
               ".SH ENVIRONMENT", ".TP", bold("TETHER_STATE_DIR"),
               esc("the agent's state directory when --state-dir is not given"),
+              ".TP", bold("TETHER_CLUSTER"),
+              esc("the cluster database's connection string, for tether cluster and a "
+                  "cluster member's agent, when --cluster-file is not given (the agent "
+                  "removes it from its environment once read)"),
               ".SH FILES", ".TP", bold("/etc/tether/agent.toml"),
               esc("the agent's settings (tether agent --help); options on the command line "
                   "override them"),
