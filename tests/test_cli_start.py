@@ -89,6 +89,15 @@ def test_the_hot_verbs_import_only_what_they_use(busy: tuple[Node, int, int], ar
     assert "tether.cli.parser" in got and "msgpack" in got  # the test saw the whole way
 
 
+@pytest.mark.parametrize("argv, code", [(["--help"], 0), (["completion", "bash"], 0), (["man"], 0),
+                                        (["submit", "--bogus", "x"], 2)])
+def test_what_sends_no_frame_imports_no_msgpack(busy: tuple[Node, int, int], argv: list[str],
+                                                code: int) -> None:
+    """protocol.py imports msgpack (~2-4 ms, with what it imports) at first use only."""
+    got = imports_of(busy[0], argv, code)
+    assert "tether.cli.parser" in got and "msgpack" not in got
+
+
 def console_script() -> str:
     script = os.path.join(os.path.dirname(sys.executable), "tether")
     if not os.path.exists(script):
