@@ -1,8 +1,7 @@
 """Converters for option values: each rejects bad input with a message naming the problem.
 
-argparse calls them, and so does the quick parser of the frequent command lines (``quick``),
-which must not import argparse (nor ``re``) on its way: an error is made by ``bad_value``,
-which imports argparse only then.
+argparse calls them. Each imports what only it needs when called (``re`` for the forms that
+parse times), so that the verbs which take none of those forms do not pay for it.
 """
 
 from __future__ import annotations

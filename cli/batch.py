@@ -27,6 +27,8 @@ TYPE_CHECKING = False  # typing costs every CLI run ~2 ms: for the type checker 
 if TYPE_CHECKING:
     import argparse
 
+    from tether.cli.parser import Parser
+
 #: sbatch's names of the options tether shares with it (docs/cli.md, "Slurm's options"): what an
 #: ``#SBATCH`` line may give; scripts/doc_tables.py checks them against the Slurm table
 SBATCH_NAMES = frozenset((
@@ -103,8 +105,8 @@ def _words(path: str, number: int, text: str) -> list[str]:
 def _sbatch(words: list[str], ignored: list[str]) -> list[str]:
     """The words of an ``#SBATCH`` line tether takes; the others' names go to ``ignored``
     (an ignored option's value, the next word when it is not an option, goes with it)."""
-    from tether.cli.quick import _SUBMIT, FLAG
-
+    takes_value = {name: a.nargs != 0 for a in _submit_parser().subcommand("submit")._actions
+                   for name in a.option_strings}
     kept: list[str] = []
     i = 0
     while i < len(words):
@@ -117,7 +119,7 @@ def _sbatch(words: list[str], ignored: list[str]) -> list[str]:
             ignored.append(word)
             i += 1
             continue
-        takes = name in _SUBMIT and _SUBMIT[name][1] != FLAG
+        takes = takes_value.get(name, False)
         if name in SBATCH_NAMES:
             kept.append(word)
             if takes and not attached and i + 1 < len(words):
@@ -131,16 +133,22 @@ def _sbatch(words: list[str], ignored: list[str]) -> list[str]:
     return kept
 
 
-def parse(argv: list[str]) -> argparse.Namespace:
-    """``argv`` as ``tether`` reads it (the quick parser, else argparse)."""
-    from tether.cli.quick import parse as quick
-
-    ns = quick(argv)
-    if ns is None:
+def _submit_parser() -> Parser:
+    """``build_parser(["submit"])``, built once for all of a script's lines."""
+    global _parser
+    if _parser is None:
         from tether.cli.parser import build_parser
 
-        ns = build_parser(argv).parse(argv)
-    return ns
+        _parser = build_parser(["submit"])
+    return _parser
+
+
+_parser: Parser | None = None
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    """``argv`` (a ``submit`` command line) as ``tether`` reads it."""
+    return _submit_parser().parse(argv)
 
 
 def options(path: str, script: bytes) -> list[str]:

@@ -7,13 +7,9 @@ import time
 
 import tether
 from tether.cli.errors import CliError
-from tether.shared import minipack, protocol
+from tether.shared import protocol
 from tether.shared.client import Client, NotListening, probe_unix
 from tether.shared.errors import RemoteError, TetherError, Unreachable
-
-# The command line's frames are packed and read by minipack.py: importing msgpack would cost
-# every command ~4.5 ms. (Only the command line: a daemon reads untrusted frames with msgpack.)
-protocol.codec = minipack
 
 TYPE_CHECKING = False  # typing costs every CLI run ~2 ms: for the type checker only
 if TYPE_CHECKING:

@@ -23,6 +23,8 @@ class Command:
     options: list[Option]
     positionals: list[Option]
     epilog: str
+    #: its own subcommands (``cluster``'s actions), named ``cluster init`` and so on
+    nested: list[Command] = field(default_factory=list)
 
 
 def options_of(parser: argparse.ArgumentParser) -> tuple[list[Option], list[Option]]:
@@ -42,7 +44,8 @@ def options_of(parser: argparse.ArgumentParser) -> tuple[list[Option], list[Opti
     return opts, pos
 
 
-def commands(top: argparse.ArgumentParser) -> list[Command]:
+def commands(top: argparse.ArgumentParser, prefix: str = "") -> list[Command]:
+    """``top``'s subcommands, each with its own (``nested``) where it has some."""
     found: list[Command] = []
     for a in top._actions:
         if not isinstance(a, argparse._SubParsersAction):
@@ -51,6 +54,12 @@ def commands(top: argparse.ArgumentParser) -> list[Command]:
         for name, sp in a.choices.items():
             opts, pos = options_of(sp)
             usage = sp.format_usage().removeprefix("usage: ").strip()
-            found.append(Command(name, summaries.get(name, ""), sp.description or "",
-                                 " ".join(usage.split()), opts, pos, sp.epilog or ""))
+            found.append(Command(prefix + name, summaries.get(name, ""), sp.description or "",
+                                 " ".join(usage.split()), opts, pos, sp.epilog or "",
+                                 commands(sp, f"{prefix}{name} ")))
     return found
+
+
+def every(cmds: list[Command]) -> list[Command]:
+    """Each command followed by its nested ones, at any depth."""
+    return [c2 for c in cmds for c2 in (c, *every(c.nested))]

@@ -9,10 +9,10 @@ Each verb lives in its own module, imported only when that verb runs, so that ``
 or a mistyped command never pays for ZeroMQ or the agent. ``inspect``, ``attach`` and ``signal``
 talk to the job's supervisor directly (``shared.step_client``), never to the agent.
 
-Start-up is most of what a short command costs (docs/cli.md, "Start-up"): the frequent command
-lines are parsed without argparse (``quick``), modules import what only some paths need where
-those paths begin, and ``entry`` (the console script) ends the process with ``os._exit`` once
-its output is flushed, instead of ~5 ms of interpreter finalization.
+Start-up is most of what a short command costs (docs/cli.md, "Start-up"): argparse builds only
+the parser of the verb named (``parser.build_parser``), modules import what only some paths need
+where those paths begin, and ``entry`` (the console script) ends the process with ``os._exit``
+once its output is flushed, instead of ~5 ms of interpreter finalization.
 """
 
 from __future__ import annotations
@@ -26,8 +26,6 @@ TYPE_CHECKING = False  # typing costs every CLI run ~2 ms: for the type checker 
 if TYPE_CHECKING:
     import argparse
     from typing import Any
-
-    from tether.cli.parser import Parser
 
 EXIT_PIPE = 141
 
@@ -54,18 +52,13 @@ def load(target: str) -> Any:
 
 def run(argv: list[str]) -> int:
     global _finalize
-    from tether.cli.quick import parse
+    from tether.cli.parser import build_parser
 
-    ns = parse(argv)  # the frequent forms, without argparse; None: argparse's to say
-    parser: Parser | None = None
-    if ns is None:
-        from tether.cli.parser import build_parser
-
-        parser = build_parser(argv)
-        if not argv:
-            parser.print_help(sys.stderr)
-            return EXIT_USAGE
-        ns = parser.parse(argv)
+    parser = build_parser(argv)  # only the named verb's parser: each costs its set-up
+    if not argv:
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
+    ns = parser.parse(argv)
     if ns.cmd is None:  # only global options, e.g. `tether --state-dir X`
         raise CliError("tether: missing the command ('tether --help' lists them)", EXIT_USAGE)
     if ns.cmd in LOCAL:
@@ -74,7 +67,6 @@ def run(argv: list[str]) -> int:
         from tether.cli import agentconf
 
         _finalize = True  # a daemon: its threads, logging and database end the normal way
-        assert parser is not None  # the quick parser never takes `agent`
         agentconf.apply(parser.subcommand("agent"), ns, argv)
         return int(load("cmd_agent:agent")(state_dir(ns), ns, agentconf.rereader(parser, argv)))
     if ns.cmd == "cluster":  # the administrator's: straight to the database, as its owner

@@ -11,7 +11,7 @@ import sys
 import time
 
 import tether
-from tether.cli.introspect import Command, Option, commands, options_of
+from tether.cli.introspect import Command, Option, commands, every, options_of
 from tether.cli.parser import EXIT_CODES, build_parser
 
 
@@ -77,7 +77,7 @@ def page(top: argparse.ArgumentParser, date: str | None = None) -> str:
         if o.names[0] != "-h":
             lines += option(o)
     lines += [".SH COMMANDS"]
-    for c in commands(top):
+    for c in every(commands(top)):  # cluster's actions after it: .SS cluster init
         lines += command(c)
     codes = EXIT_CODES.split("\n")[1:]
     lines += [".SH EXIT STATUS", ".nf", *(esc(line.strip()) for line in codes), ".fi",

@@ -2,8 +2,8 @@
 ``hold``, ``release``, ``inspect``, ``attach``, ``signal``, ``suspend`` and ``resume``.
 
 Apart from ``parser.py``'s machinery (the Parser, its errors and ``build_parser``) so that each
-file stays readable; ``build_parser`` imports this module only when argparse must answer (the
-frequent command lines are read by ``quick.py``). One ``add_<verb>`` function per verb.
+file stays readable; ``build_parser`` imports this module only for the verbs it has. One
+``add_<verb>`` function per verb.
 """
 
 from __future__ import annotations

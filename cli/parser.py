@@ -2,9 +2,9 @@
 every verb's options together (they are in ``options_jobs.py`` and ``options_node.py``, one
 ``add_<verb>`` function per verb so that options added later land in separate hunks).
 
-Built whenever argparse answers (``quick.py`` reads the frequent command lines without it), so
-it imports nothing beyond argparse and the converters: each verb's own imports happen only when
-that verb runs (``main.VERBS``). ``allow_abbrev=False`` everywhere: an option
+Built on every run (of the verb named only, ``build_parser(argv)``), so it imports nothing
+beyond argparse and the converters: each verb's own imports happen only when that verb runs
+(``main.VERBS``). ``allow_abbrev=False`` everywhere: an option
 prefix is an error, never silently another option (``--state`` is not ``--state-dir``), so that
 adding an option can never change what an existing command line means.
 """

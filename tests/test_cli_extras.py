@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.helpers import CLI, Node
-from tether.cli.introspect import commands
+from tether.cli.introspect import commands, every
 from tether.cli.parser import build_parser
 
 
@@ -58,6 +58,12 @@ def test_bash_completes_commands_options_and_values(bash_script: str) -> None:
     assert complete(bash_script, "list", "--state-dir", "tm") == ["tmp"]
     # past `--` the job's own command line is left to bash's defaults
     assert complete(bash_script, "submit", "--", "--pm") == []
+    # a command's own commands (cluster's actions), their options and values
+    assert complete(bash_script, "cluster", "") == ["init", "add-node", "node-down"]
+    assert complete(bash_script, "cluster", "--state-dir", "/", "in") == ["init"]
+    assert complete(bash_script, "cluster", "init", "--req") == ["--requeue"]
+    assert complete(bash_script, "cluster", "init", "--requeue", "") == ["yes", "no"]
+    assert complete(bash_script, "cluster", "node-down", "--con") == ["--confirm-dead"]
 
 
 def test_zsh_script_parses_and_registers() -> None:
@@ -92,7 +98,7 @@ def test_man_page_renders_cleanly_and_names_every_option() -> None:
                                        capture_output=True, text=True, timeout=30).stdout.split())
     finally:
         shutil.rmtree(d)
-    for c in commands(build_parser()):
+    for c in every(commands(build_parser())):  # cluster's actions too: `tether cluster init`
         assert f"tether {c.name}" in text
         for o in c.options:
             assert o.names[-1] in text.replace("- ", "-"), f"{c.name} {o.names[-1]} missing"
