@@ -106,6 +106,8 @@ def test_a_failed_ack_is_retried_by_the_running_agent(node: Node) -> None:
     os.kill(sup[0], signal.SIGSTOP)
     try:
         node.start()  # its ack times out while the supervisor is stopped
+        # a failed ack changes no state and gets no reply: the log line is its only trace,
+        # and without it the supervisor could be resumed before the first ack timed out
         poll_until(lambda: "trying again" in _read(node.agent_logs[-1]), 20, "the ack to fail")
     finally:
         os.kill(sup[0], signal.SIGCONT)
@@ -202,7 +204,7 @@ def test_a_planted_socket_is_refused_and_the_real_supervisor_kept(node: Node) ->
         assert j["state"] == "running", "the agent believed a planted socket"
         b = node.wait_end(beside)  # the real supervisor beside it is adopted as usual
         assert (b["state"], b["exit_code"]) == ("failed", 2)
-        with open(node.agent_logs[-1]) as f:
+        with open(node.agent_logs[-1]) as f:  # the contract: refused *and logged* (row 23)
             assert "impostor" in f.read()
     finally:
         impostor.kill()

@@ -209,7 +209,7 @@ def test_an_fsync_that_fails_stops_the_agent_and_answers_nothing(node: Node) -> 
     got = _submit_under_fault(node, "fail-sync")
     assert node.agent is not None
     assert node.agent.wait(timeout=20) == 1, node.logs()
-    assert "cannot make the database durable" in node.logs()
+    assert "cannot make the database durable" in node.logs()  # its one-line error is the contract
     assert len(got) == 1 and isinstance(got[0], TetherError), got
     node.start()
     assert node.status()["db_syncs"] >= 1
