@@ -93,7 +93,8 @@ def test_a_mistake_still_gets_argparse_s_words(busy: tuple[Node, int, int]) -> N
 def console_script() -> str:
     script = os.path.join(os.path.dirname(sys.executable), "tether")
     if not os.path.exists(script):
-        pytest.skip("no console script beside this interpreter (not the dev venv)")
+        pytest.fail(f"no console script {script}: run the tests with the .venv that "
+                    "scripts/setup.sh --tests makes", pytrace=False)
     return script
 
 

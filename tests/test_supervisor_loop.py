@@ -4,7 +4,6 @@ and an error it does not expect ends the process (crash-only), the agent giving 
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import threading
@@ -14,6 +13,7 @@ from typing import Any
 import prctl
 import pytest
 
+from tests import needs
 from tests.helpers import Node, pid_alive, poll_until
 from tether.shared.client import Client
 from tether.shared.procid import ProcId, all_processes
@@ -134,8 +134,8 @@ def _backlog(path: str) -> int:
     return int(out[2]) if len(out) > 2 else 0
 
 
-@pytest.mark.skipif(shutil.which("ss") is None, reason="needs ss (iproute2)")
 def test_the_agents_hello_before_zeromq_is_up_is_answered(node: Node) -> None:
+    needs.tool("ss", "iproute2")
     # The ready byte goes out once both sockets listen, before the supervisor starts ZeroMQ
     # (held there by the fault): the agent connects at once and its connection waits in the
     # kernel's backlog, then is served.
