@@ -1,6 +1,7 @@
 """The agent's lifecycle machine (agent/lifecycle.py): every crash-window row of
-docs/architecture.md (section 7) as one row of a table, and its invariants on random event
-sequences. Pure: no process, socket or file is involved."""
+docs/architecture.md (section 7) that involves it as one row of a table (the two that involve
+no machine name the test with real processes that checks them: ``ELSEWHERE``), and its
+invariants on random event sequences. Pure: no process, socket or file is involved."""
 
 from __future__ import annotations
 
