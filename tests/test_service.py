@@ -115,7 +115,7 @@ def test_the_template_leaves_once_no_agent_came_back_within_its_linger(node: Nod
     assert pid_alive(template) and node.wait_template() == template
     assert node.stop(signal.SIGKILL) == -signal.SIGKILL  # a crash: no one asks it to leave
     poll_until(lambda: not pid_alive(template), 20, "the template to leave without an agent")
-    with open(node.layout.supervisor_log) as f:
+    with open(node.layout.supervisor_log) as f:  # why it left (its linger): only the log says
         assert "no agent has run for 1s; exiting" in f.read()
     node.start()  # the next agent starts a new one
     assert node.wait_template() != template
