@@ -195,10 +195,19 @@ def _durable_first(effects: list[fx.Effect]) -> None:
             seen_other = True
 
 
+def _tests_dir() -> str:
+    """tests/, however the tests below it are split (tests/unit/, tests/integration/)."""
+    import os
+    top = os.path.dirname(os.path.abspath(__file__))
+    while os.path.basename(top) != "tests":
+        top = os.path.dirname(top)
+    return top
+
+
 def test_every_row_of_the_architecture_table_is_here() -> None:
     import os
     import re
-    doc = os.path.join(os.path.dirname(__file__), "..", "docs", "architecture.md")
+    doc = os.path.join(os.path.dirname(_tests_dir()), "docs", "architecture.md")
     with open(doc) as f:
         text = f.read()
     section = text[text.index("## 7. Crash windows"):text.index("## 8.")]
@@ -210,11 +219,8 @@ def test_every_row_of_the_architecture_table_is_here() -> None:
 def test_every_row_checked_elsewhere_names_a_test_that_exists() -> None:
     import os
     import re
-    top = os.path.dirname(os.path.abspath(__file__))
-    while os.path.basename(top) != "tests":  # the whole tests tree, however it is split
-        top = os.path.dirname(top)
     defined: set[str] = set()
-    for where, _, files in os.walk(top):
+    for where, _, files in os.walk(_tests_dir()):
         for name in files:
             if re.fullmatch(r"test_\w+\.py", name):
                 with open(os.path.join(where, name)) as f:
