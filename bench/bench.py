@@ -604,10 +604,11 @@ def _meminfo(key: str) -> int:
 
 
 def bench_mpi(agent: Agent, runs: int) -> dict[str, Any]:
-    if not shutil.which("mpicc") or not shutil.which("mpiexec"):
-        return {"skipped": "mpicc or mpiexec not found"}
+    # MPICH's own names: the plain ones follow Debian's alternatives, which Open MPI can take
+    if not shutil.which("mpicc.mpich") or not shutil.which("mpiexec.mpich"):
+        return {"skipped": "mpicc.mpich or mpiexec.mpich not found (Debian's mpich)"}
     exe = os.path.join(agent.dir, "hello_mpi")
-    subprocess.run(["mpicc", "-O1", "-o", exe, os.path.join(ROOT, "tests/mpi/hello_mpi.c")],
+    subprocess.run(["mpicc.mpich", "-O1", "-o", exe, os.path.join(ROOT, "tests/mpi/hello_mpi.c")],
                    check=True)
     # tether's PMI ranks load the agent's hwloc XML (agent/topology.py); mpiexec as people run
     # it does not, and is the goal's reference. The same XML given to mpiexec by hand is
@@ -621,10 +622,10 @@ def bench_mpi(agent: Agent, runs: int) -> dict[str, Any]:
         "python": lambda: timed(REFERENCE),
         "tether": lambda: timed([*tether_cli(), "--state-dir", agent.state, "submit", "--wait",
                                  "--ntasks", "2", "--pmi", "pmi1", "--", exe], cwd=agent.work),
-        "mpiexec": lambda: timed(["mpiexec", "-n", "2", exe], cwd=agent.work),
+        "mpiexec": lambda: timed(["mpiexec.mpich", "-n", "2", exe], cwd=agent.work),
     }
     if xml_env is not None:
-        cmds["mpiexec_xml"] = lambda: timed(["mpiexec", "-n", "2", exe], cwd=agent.work,
+        cmds["mpiexec_xml"] = lambda: timed(["mpiexec.mpich", "-n", "2", exe], cwd=agent.work,
                                             env=xml_env)
     if slurm():
         cmds["srun"] = lambda: timed(["srun", "-N1", "-n2", "--mpi=pmi2", exe])

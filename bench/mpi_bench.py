@@ -3,8 +3,10 @@ MPICH's own ``mpiexec -n N``, interleaved in one run (so both see the same machi
 
     .venv/bin/python bench/mpi_bench.py [--runs 10] [--json]
 
-Builds tests/mpi/hello_mpi.c with mpicc, starts its own agent on a temporary state directory,
-and kills everything it started on the way out.
+Builds tests/mpi/hello_mpi.c with ``mpicc.mpich`` and times ``mpiexec.mpich``: MPICH's own
+names, since the plain ``mpicc``/``mpiexec`` follow Debian's alternatives, which an installed
+Open MPI takes over. Starts its own agent on a temporary state directory, and kills everything
+it started on the way out.
 """
 
 from __future__ import annotations
@@ -43,16 +45,16 @@ def main() -> int:
     results: dict[str, list[float]] = {}
     try:
         exe = os.path.join(node.base, "hello_mpi")
-        subprocess.run(["mpicc", "-O1", "-o", exe,
+        subprocess.run(["mpicc.mpich", "-O1", "-o", exe,
                         os.path.join(ROOT, "tests/mpi/hello_mpi.c")], check=True)
         for n in (2, 4):  # one warm-up each
-            timed(["mpiexec", "-n", str(n), exe], env, work)
+            timed(["mpiexec.mpich", "-n", str(n), exe], env, work)
             timed([*TETHER, "submit", "--wait", "--ntasks", str(n), "--pmi", "pmi1", "--", exe],
                   env, work)
         for _ in range(ns.runs):
             for n in (2, 4):
                 results.setdefault(f"mpiexec -n {n}", []).append(
-                    timed(["mpiexec", "-n", str(n), exe], env, work))
+                    timed(["mpiexec.mpich", "-n", str(n), exe], env, work))
                 results.setdefault(f"tether --ntasks {n}", []).append(
                     timed([*TETHER, "submit", "--wait", "--ntasks", str(n), "--pmi", "pmi1",
                            "--", exe], env, work))

@@ -19,6 +19,7 @@ import pytest
 from tests.helpers import CLI, Node, poll_until
 from tests.userkit import User, home_for, made_users, ok_as, shared
 from tether.shared import batch
+from tether.shared.errors import TetherError
 
 USAGE = 2
 
@@ -164,7 +165,7 @@ def test_the_agent_refuses_a_script_it_cannot_keep(node: Node) -> None:
         base = {"command": ["job.sh"], "workdir": node.work, "env": {}}
         for script, why in ((b"x" * (batch.MAX_SCRIPT + 1), "over the limit"),
                             ("text", "the script's bytes"), (b"", "the script's bytes")):
-            with pytest.raises(Exception, match=why):
+            with pytest.raises(TetherError, match=why):  # the agent's refusal, not any error
                 c.call("submit", dict(base, script=script))
 
 

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from tests import needs
 from tests.helpers import Node, pid_alive, poll_until
 from tether.agent.contain import default_base
 from tether.shared import cgroup_host, step_cgroup
@@ -466,9 +467,8 @@ def test_restart_tests_pass_with_cgroups_hidden() -> None:
 
 # ---- the systemd unit ---------------------------------------------------------------------------
 
-@pytest.mark.skipif(shutil.which("systemd-analyze") is None,
-                    reason="needs systemd-analyze (package systemd; scripts/setup.sh --tests)")
 def test_the_systemd_unit_verifies(tmp_path: Any) -> None:
+    needs.tool("systemd-analyze", "systemd")
     src = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "contrib",
                        "systemd")
     tether = shutil.which("tether", path=os.path.dirname(sys.executable))

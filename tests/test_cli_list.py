@@ -99,9 +99,10 @@ def test_list_filters(node: Node, jobs: dict[str, int]) -> None:
 
 def test_list_json_is_the_job_objects_unchanged(node: Node, jobs: dict[str, int]) -> None:
     listed = json.loads(node.ok("list", "--json"))
-    for j in listed:
-        if j["state"] in ("completed", "failed"):  # settled: show gives the same object
-            assert j == node.job(j["id"])
+    settled = [j for j in listed if j["state"] in ("completed", "failed")]
+    assert [j["id"] for j in settled] == [jobs["done"], jobs["failed"]], listed
+    for j in settled:  # settled: show gives the same object
+        assert j == node.job(j["id"])
 
 
 def test_list_format_by_field_names(node: Node, jobs: dict[str, int]) -> None:

@@ -101,7 +101,8 @@ def test_what_sends_no_frame_imports_no_msgpack(busy: tuple[Node, int, int], arg
 def console_script() -> str:
     script = os.path.join(os.path.dirname(sys.executable), "tether")
     if not os.path.exists(script):
-        pytest.skip("no console script beside this interpreter (not the dev venv)")
+        pytest.fail(f"no console script {script}: run the tests with the .venv that "
+                    "scripts/setup.sh --tests makes", pytrace=False)
     return script
 
 

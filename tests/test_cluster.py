@@ -151,6 +151,8 @@ def test_a_lost_nodes_jobs_run_elsewhere_only_after_its_steps_fenced_themselves(
     assert cluster.job(once)["state"] == "node_fail"
     assert [(a["attempt"], a["node"], a["state"]) for a in cluster.attempts(again)] == \
         [(1, "n0", "lost"), (2, done["node"], "completed")]
+    # the rows above are the state; how often a result was sent or refused leaves no row of
+    # its own (a repeat is refused, the row unchanged): only the agents' logs count it
     assert "fenced: this node's cluster lease is" in n0.logs()
     # n0 drops the fenced run's result: discarded at its reconcile, or refused if reported
     poll_until(lambda: cluster.log_count(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -105,10 +106,38 @@ def test_a_failed_ack_is_retried_by_the_running_agent(node: Node) -> None:
     os.kill(sup[0], signal.SIGSTOP)
     try:
         node.start()  # its ack times out while the supervisor is stopped
+        # a failed ack changes no state and gets no reply: the log line is its only trace,
+        # and without it the supervisor could be resumed before the first ack timed out
         poll_until(lambda: "trying again" in _read(node.agent_logs[-1]), 20, "the ack to fail")
     finally:
         os.kill(sup[0], signal.SIGCONT)
     poll_until(lambda: not node.supervisor_pids(), 20, "the same agent to acknowledge it")
+
+
+def test_a_half_removed_run_directory_of_an_ended_job_is_removed_and_nothing_else(
+        node: Node) -> None:
+    """Row 17: the supervisor dies after its ack reply, part way through removing its run
+    directory. The job's record is final: the next agent start removes the rest of the
+    directory and decides nothing (no second result, no requeue, nothing held)."""
+    node.start(env={"TETHER_AGENT_FAULT": "skip-ack"})  # the supervisor waits, as for the ack
+    job = node.submit("sh", "-c", "exit 5")
+    ended = node.wait_end(job)
+    assert (ended["state"], ended["exit_code"], ended["attempt"]) == ("failed", 5, 1)
+    rd = node.layout.run_dir(job, 1)
+    sup = ProcId.from_dict(node.manifest(job)["supervisor"])
+    node.stop(signal.SIGKILL)
+    os.kill(sup.pid, signal.SIGKILL)
+    poll_until(lambda: not sup.alive(), 10, "the supervisor to die")
+    for path in (rd.sentinel, rd.manifest, rd.ctl_sock, rd.sock):  # what its removal did
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+    assert os.path.exists(rd.lock) and os.path.exists(rd.spec)
+    node.start()  # the orphan pass runs before the agent serves
+    assert not os.path.exists(rd.path), os.listdir(rd.path)
+    j = node.job(job)
+    assert {k: j[k] for k in ended} == ended, "the ended job's record changed"
+    assert node.status()["cpus"]["allocated"] == 0
+    assert node.supervisor_pids() == []
 
 
 def _read(path: str) -> str:
@@ -175,7 +204,7 @@ def test_a_planted_socket_is_refused_and_the_real_supervisor_kept(node: Node) ->
         assert j["state"] == "running", "the agent believed a planted socket"
         b = node.wait_end(beside)  # the real supervisor beside it is adopted as usual
         assert (b["state"], b["exit_code"]) == ("failed", 2)
-        with open(node.agent_logs[-1]) as f:
+        with open(node.agent_logs[-1]) as f:  # the contract: refused *and logged* (row 23)
             assert "impostor" in f.read()
     finally:
         impostor.kill()

@@ -233,6 +233,8 @@ def test_the_agent_reads_the_subuid_file_again_when_it_changes(node: Node) -> No
     with open(subuid, "a") as f:
         f.write("nobody:400000:10\n")
     os.chmod(subuid, 0o666)
+    # a refused file changes no state (the last good table stays): the log line is the
+    # operator's only word of it, and says the agent has read it
     poll_until(lambda: "cannot use" in node.logs(), 20, "the refusal logged")
     assert node.status()["subuid"]["ranges"] == 2
 

@@ -133,6 +133,7 @@ def test_an_idle_supervisor_gives_back_its_copies_and_goes_on(node: Node) -> Non
     sup = int(node.running_manifest(job)["supervisor"]["pid"])
 
     def gave_back() -> tuple[int, int] | None:
+        """The supervisor's own count, in the log line that is its only report."""
         with open(node.layout.supervisor_log) as f:
             for ln in f:
                 m = re.search(rf"supervisor\[{sup}\] .*gave back (\d+) of the (\d+) pages", ln)
@@ -150,13 +151,11 @@ def test_an_idle_supervisor_gives_back_its_copies_and_goes_on(node: Node) -> Non
 def test_without_the_heap_file_supervisors_keep_their_copies(node: Node) -> None:
     node.start(env={"TETHER_AGENT_FAULT": "no-heapfile"})
     template = node.wait_template()
-    with open(node.layout.supervisor_log) as f:
-        assert "the heap stays anonymous (fault no-heapfile)" in f.read()
     assert not _maps_name(template)
     job = node.submit("sh", "-c", "sleep 2; exit 3")
     end = node.wait_end(job)
     assert (end["state"], end["exit_code"]) == ("failed", 3)
-    with open(node.layout.supervisor_log) as f:
+    with open(node.layout.supervisor_log) as f:  # once the step ended, its only trace
         assert "gave back" not in f.read()
 
 

@@ -63,7 +63,7 @@ def test_ksm_supervisors_mark_their_own_copies_not_the_template_or_tasks(node: N
     job = node.submit("sleep", "60")
     sup, task = pids_of(node, job)
     assert not mergeable(plain) and not mergeable(sup) and not mergeable(task)
-    assert "--ksm" not in agent_log(node)
+    assert "--ksm" not in agent_log(node)  # the log is the contract: it speaks of --ksm once set
 
     # the setting is part of the template's identity: the next agent replaces it
     node.stop(signal.SIGKILL)
@@ -82,10 +82,9 @@ def test_ksm_supervisors_mark_their_own_copies_not_the_template_or_tasks(node: N
                                                             private_dirty_kib(sup2))
     assert not mergeable(template), "the template marked its memory: every fork inherits it"
     assert not mergeable(task2), "a user's task is mergeable"
-    with open(os.path.join(node.state, "supervisors.log")) as f:
-        assert "runs marked mergeable" in f.read()
     assert not mergeable(sup)  # started before: unchanged
     if not ksmd_before and not ksmd_runs():  # (a bench --ksm may switch it meanwhile)
+        # the log line is the contract here: the operator's only word that ksmd is off
         assert "--ksm has no effect until ksmd runs: echo 1 > " in agent_log(node)  # said only
 
     # the settings file says the same: the template is kept
@@ -97,7 +96,6 @@ def test_ksm_supervisors_mark_their_own_copies_not_the_template_or_tasks(node: N
     node.args += ["--config", config]
     node.start()
     assert node.wait_template() == template
-    assert "kept" in agent_log(node)
 
     # and back: an agent without it replaces the marked template
     node.stop()

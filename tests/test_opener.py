@@ -73,7 +73,7 @@ def test_both_ways_open_the_same_files_and_refuse_with_the_same_reasons(node: No
     assert not os.path.exists(target), "the opener followed a planted link"
     for job in (piped, linked, moved):
         assert (node.job(job)["state"], node.job(job)["exit_code"]) == ("failed", 127)
-    with open(node.layout.supervisor_log) as f:
+    with open(node.layout.supervisor_log) as f:  # thread or fork: no state tells, the log does
         forked = "forking one instead" in f.read()
     assert forked == (way == "fork")
 

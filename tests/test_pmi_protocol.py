@@ -696,7 +696,9 @@ def test_mpich_402_wire_up_transcript() -> None:
     barrier()
     for rank in range(2):
         out = ranks.v1(rank, *(f"cmd=get kvsname={KVS} key=-allgather-shm-1-{r}" for r in range(2)))
-        assert all(r.startswith("cmd=get_result rc=0 msg=success value=a1a1") for r in replies(out))
+        got = replies(out)
+        assert len(got) == 2 and all(
+            r.startswith("cmd=get_result rc=0 msg=success value=a1a1") for r in got), got
     barrier()  # UCX finalize hook
     for rank in range(2):
         assert ranks.v1(rank, "cmd=finalize") == [

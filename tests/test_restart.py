@@ -30,7 +30,8 @@ def test_restart_mid_job_keeps_the_job(node: Node, sig: int) -> None:
     if sig == signal.SIGTERM:
         assert rc == 0
     assert sup.alive(), "the supervisor died with its agent"
-    assert all(ProcId.from_dict(t).alive() for t in man["tasks"]), "a task died with the agent"
+    assert man["tasks"] and all(ProcId.from_dict(t).alive() for t in man["tasks"]), \
+        "a task died with the agent"
 
     node.start()
     j = node.job(job)

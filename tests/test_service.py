@@ -13,8 +13,7 @@ import subprocess
 import sys
 from typing import Any
 
-import pytest
-
+from tests import needs
 from tests.helpers import Node, pid_alive, poll_until
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -33,7 +32,9 @@ def log_of(node: Node) -> str:
 
 def log_line(node: Node, words: str, after: int = 0) -> str:
     """The first line of the agent's current log with ``words`` in it, after ``after`` such
-    lines (polled: the agent logs as it goes)."""
+    lines (polled: the agent logs as it goes). A reload's report is the contract: one log line
+    names what changed and what waits for a restart (docs/operations.md), and a refused file
+    changes no state to check."""
     def found() -> str | None:
         lines = [ln for ln in log_of(node).splitlines() if words in ln]
         return lines[after] if len(lines) > after else None
@@ -102,7 +103,6 @@ def test_the_template_stays_for_a_restart_and_goes_with_stop_for_good(node: Node
     assert node.stop() == 0
     poll_until(lambda: not pid_alive(template), 10, "the template to leave with its agent")
     assert not os.path.exists(node.layout.template_sock)
-    assert "the agent stops for good" in log_of(node)
 
 
 def test_the_template_leaves_once_no_agent_came_back_within_its_linger(node: Node) -> None:
@@ -115,7 +115,7 @@ def test_the_template_leaves_once_no_agent_came_back_within_its_linger(node: Nod
     assert pid_alive(template) and node.wait_template() == template
     assert node.stop(signal.SIGKILL) == -signal.SIGKILL  # a crash: no one asks it to leave
     poll_until(lambda: not pid_alive(template), 20, "the template to leave without an agent")
-    with open(node.layout.supervisor_log) as f:
+    with open(node.layout.supervisor_log) as f:  # why it left (its linger): only the log says
         assert "no agent has run for 1s; exiting" in f.read()
     node.start()  # the next agent starts a new one
     assert node.wait_template() != template
@@ -155,9 +155,8 @@ def test_the_unit_restarts_on_any_exit_but_a_stop_and_reloads_with_sighup() -> N
     assert "--stop-for-good" in u["ExecStart"][0]  # systemctl stop: the template goes too
 
 
-@pytest.mark.skipif(shutil.which("systemd-analyze") is None,
-                    reason="needs systemd-analyze (package systemd; scripts/setup.sh --tests)")
 def test_the_unit_verifies(tmp_path: Any) -> None:
+    needs.tool("systemd-analyze", "systemd")
     tether = shutil.which("tether", path=os.path.dirname(sys.executable))
     assert tether is not None
     for name in ("tether-agent.service", "tether.slice"):

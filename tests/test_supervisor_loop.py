@@ -4,7 +4,6 @@ and an error it does not expect ends the process (crash-only), the agent giving 
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import threading
@@ -14,6 +13,7 @@ from typing import Any
 import prctl
 import pytest
 
+from tests import needs
 from tests.helpers import Node, pid_alive, poll_until
 from tether.shared.client import Client
 from tether.shared.procid import ProcId, all_processes
@@ -107,7 +107,7 @@ def test_an_unexpected_error_in_the_loop_ends_the_supervisor_and_the_agent_judge
                 if st.session == man["session"] and not st.dead and st.pid != sup.pid]
         assert left == [], f"the step's processes outlived their supervisor: {left}"
         assert node.status()["cpus"]["allocated"] == 0
-        with open(node.layout.supervisor_log) as f:
+        with open(node.layout.supervisor_log) as f:  # crash-only: the log says why (contract)
             assert "the supervisor cannot go on" in f.read()
     finally:
         node.cleanup()
@@ -134,8 +134,8 @@ def _backlog(path: str) -> int:
     return int(out[2]) if len(out) > 2 else 0
 
 
-@pytest.mark.skipif(shutil.which("ss") is None, reason="needs ss (iproute2)")
 def test_the_agents_hello_before_zeromq_is_up_is_answered(node: Node) -> None:
+    needs.tool("ss", "iproute2")
     # The ready byte goes out once both sockets listen, before the supervisor starts ZeroMQ
     # (held there by the fault): the agent connects at once and its connection waits in the
     # kernel's backlog, then is served.

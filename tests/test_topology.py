@@ -11,12 +11,16 @@ from typing import Any
 
 import pytest
 
+from tests import needs
 from tests.helpers import Node, poll_until
 from tests.test_mpi import programs  # noqa: F401  (the MPICH hello, built once per session)
 from tests.userkit import cli_as, home_for, made_users, ok_as, shared
 
-pytestmark = pytest.mark.skipif(shutil.which("lstopo-no-graphics") is None,
-                                reason="needs hwloc-nox (scripts/setup.sh --tests installs it)")
+
+@pytest.fixture(autouse=True)
+def _lstopo() -> None:
+    needs.tool("lstopo-no-graphics", "hwloc-nox")
+
 
 #: an info attribute no discovery would produce: seen in a task's own hwloc view only if its
 #: hwloc loaded the agent's file
@@ -118,6 +122,7 @@ def test_without_lstopo_the_agent_says_so_and_mpi_still_runs(node: Node,
                                                               programs: dict[str, Any],  # noqa: F811
                                                               ) -> None:
     node.start(env={"TETHER_AGENT_FAULT": "no-lstopo"})
+    # "the agent says so", once: the log line is the contract (status says it with None)
     poll_until(lambda: "no hwloc topology for MPI ranks" in node.logs(), 30,
                "the agent to say it has no topology")
     assert node.logs().count("no hwloc topology") == 1

@@ -46,7 +46,7 @@ def test_a_ticking_job_keeps_its_supervisor_tasks_and_every_byte(node: Node) -> 
         assert (before["generation"], after["generation"]) == (0, 2)
         pids_after = json.loads(node.ok("inspect", str(job), "--pids", "--json"))
         assert [t["pid"] for t in pids_after["tasks"]] == [t["pid"] for t in pids_before["tasks"]]
-        assert all(t["alive"] for t in pids_after["tasks"])
+        assert pids_after["tasks"] and all(t["alive"] for t in pids_after["tasks"])
         open(os.path.join(node.work, "gate"), "w").close()
         j = node.wait_end(job, timeout=60)
         assert (j["state"], j["exit_code"]) == ("completed", 0), j
@@ -64,7 +64,7 @@ def test_a_ticking_job_keeps_its_supervisor_tasks_and_every_byte(node: Node) -> 
         assert f.read() == written  # the follower lost and repeated nothing
     with open(os.path.join(node.state, "supervisors.log")) as f:
         log = f.read()
-    assert log.count("re-executed as tether") == 2
+    assert log.count("re-executed as tether") == 2  # they logged here: the next can fail
     assert "late import" not in log
 
 

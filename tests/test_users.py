@@ -91,7 +91,7 @@ def test_authorization_per_verb_and_class(node: Node, other_user: pwd.struct_pas
     owner = calls("nobody", node, job, ["state", *OWNER_VERBS, *AGENT_VERBS])
     assert all(owner[k] != "permission_denied" for k in ["state", *OWNER_VERBS]), owner
     assert all(owner[k] == "permission_denied" for k in AGENT_VERBS), owner
-    # refusals are logged with the peer's uid
+    # refusals are logged with the peer's uid: the contract (docs/security.md), no state
     with open(os.path.join(node.state, "supervisors.log")) as f:
         log = f.read()
     # (at most once per connection per second: these all came on one)
