@@ -16,7 +16,7 @@ from typing import Any
 from tests import needs
 from tests.helpers import Node, pid_alive, poll_until
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def write(path: str, text: str) -> None:

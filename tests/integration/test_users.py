@@ -17,7 +17,7 @@ from tests.helpers import Node, default_output, foreign_python, poll_until
 from tests.userkit import made_users
 from tether.shared import records
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as other users")
 

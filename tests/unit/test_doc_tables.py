@@ -7,7 +7,7 @@ import os
 
 
 def test_generated_doc_tables_match_the_code() -> None:
-    path = os.path.join(os.path.dirname(__file__), "..", "scripts", "doc_tables.py")
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "scripts", "doc_tables.py")
     spec = importlib.util.spec_from_file_location("doc_tables", path)
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
@@ -19,7 +19,7 @@ def test_generated_doc_tables_match_the_code() -> None:
 def test_the_slurm_comparison_says_of_every_row_present_partial_or_missing() -> None:
     """docs/slurm.md (issue 28): each row of its table ends in present, partial or missing,
     and the count under it is the table's."""
-    path = os.path.join(os.path.dirname(__file__), "..", "docs", "slurm.md")
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "slurm.md")
     with open(path) as f:
         text = f.read()
     table = text.split("## Slurm, row by row", 1)[1].split("\n## ", 1)[0]

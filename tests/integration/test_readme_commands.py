@@ -30,7 +30,7 @@ import pytest
 from tether.cli.errors import CliError
 from tether.cli.parser import build_parser
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 #: shell words that end one command and may begin the next
 SEPARATORS = {";", "&", "&&", "|", "||", "(", ")", "<(", "$(", ">", "<", ">>"}

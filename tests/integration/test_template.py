@@ -228,7 +228,7 @@ def test_template_survives_agent_restarts_and_is_replaced_when_the_code_changes(
     assert "warm start" in start_line(node, int(node.job(job)["supervisor_pid"]))
 
     # a changed source file is other code: the next agent replaces the template
-    src = os.path.join(os.path.dirname(__file__), "..", "supervisor", "template.py")
+    src = os.path.join(os.path.dirname(__file__), "..", "..", "supervisor", "template.py")
     st = os.stat(src)
     node.stop()
     try:

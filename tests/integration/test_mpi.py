@@ -16,7 +16,7 @@ import pytest
 
 from tests.helpers import Node, poll_until
 
-HERE = os.path.join(os.path.dirname(__file__), "mpi")
+HERE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "mpi")
 MPICC = "mpicc.mpich"
 
 

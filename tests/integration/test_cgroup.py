@@ -35,6 +35,8 @@ from tether.shared.cgroup_layout import (
 from tether.shared.procid import ProcId
 
 ROOT = os.geteuid() == 0
+#: the checkout (this file is tests/integration/test_cgroup.py)
+TOP = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FINAL = ("completed", "failed", "cancelled", "lost")
 V1 = cgroup_host.probe("v1") if ROOT else Host("none")
 V2 = cgroup_host.probe("v2") if ROOT else Host("none")
@@ -458,8 +460,9 @@ def test_status_says_which_cgroups(make_node: type[Node]) -> None:
 def test_restart_tests_pass_with_cgroups_hidden() -> None:
     """The restart suite again, every agent with --cgroup none (TETHER_TEST_CGROUP)."""
     res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                          "tests/test_restart.py", "tests/test_supervisor_death.py"],
-                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                          "tests/integration/test_restart.py",
+                          "tests/integration/test_supervisor_death.py"],
+                         cwd=TOP,
                          env=dict(os.environ, TETHER_TEST_CGROUP="none"),
                          capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-2000:]
@@ -469,8 +472,7 @@ def test_restart_tests_pass_with_cgroups_hidden() -> None:
 
 def test_the_systemd_unit_verifies(tmp_path: Any) -> None:
     needs.tool("systemd-analyze", "systemd")
-    src = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "contrib",
-                       "systemd")
+    src = os.path.join(TOP, "contrib", "systemd")
     tether = shutil.which("tether", path=os.path.dirname(sys.executable))
     assert tether is not None
     for name in ("tether-agent.service", "tether.slice"):
