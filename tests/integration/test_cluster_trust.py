@@ -326,7 +326,7 @@ def test_a_users_stopped_check_never_holds_up_the_clusters_requests(
     import threading
 
     from tests.helpers import foreign_python
-    from tests.test_submit_checks import STOPPER, check_shells
+    from tests.integration.test_submit_checks import STOPPER, check_shells
 
     alice, bob = users
     (login,) = cluster.agents("l0", login=("l0",))

@@ -13,7 +13,7 @@ import os
 import signal
 
 from tests.helpers import Node, poll_until
-from tests.test_cgroup import needs_freezer, step_dirs
+from tests.integration.test_cgroup import needs_freezer, step_dirs
 from tether.shared.procid import proc_stat
 
 

@@ -183,7 +183,7 @@ def test_begin_time_holds_a_job_back_until_then(make_node: Any) -> None:
 def test_a_suspended_job_has_no_end_to_backfill_by(make_node: Any) -> None:
     """Time suspended is not run time, so a suspended job may hold its resources for ever as far
     as planning goes: nothing is backfilled against its limit until it is resumed."""
-    from tests.test_cgroup import needs_freezer
+    from tests.integration.test_cgroup import needs_freezer
 
     if needs_freezer.args[0]:
         pytest.skip(needs_freezer.kwargs["reason"])

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from tests.helpers import Node, poll_until
-from tests.test_state_dir_full import UNTIL_GO, _fill, _phase
+from tests.integration.test_state_dir_full import UNTIL_GO, _fill, _phase
 from tests.userkit import User, cli_as, home_for, made_users, ok_as, shared
 from tether.agent.retention import rotate_log
 

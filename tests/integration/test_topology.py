@@ -13,7 +13,7 @@ import pytest
 
 from tests import needs
 from tests.helpers import Node, poll_until
-from tests.test_mpi import programs  # noqa: F401  (the MPICH hello, built once per session)
+from tests.integration.test_mpi import programs  # noqa: F401  (the MPICH hello, built once per session)
 from tests.userkit import cli_as, home_for, made_users, ok_as, shared
 
 

@@ -22,8 +22,8 @@ import pytest
 
 import tether
 from tests.helpers import Node, default_output, poll_until
+from tests.integration.test_packaging import _checkout_with_stale_build, _tree
 from tests.releases import ROOT, make_venv, pip_install, release
-from tests.test_packaging import _checkout_with_stale_build, _tree
 from tether.agent import schema
 
 #: release 0.5.0, the last before issue 28's accounting and batch scripts (schema 7)

@@ -11,7 +11,7 @@ import subprocess
 from typing import Any
 
 from tests.helpers import CLI, Node, poll_until
-from tests.test_mpi import _lines, _pmi, programs  # noqa: F401  (the fixture, built once)
+from tests.integration.test_mpi import _lines, _pmi, programs  # noqa: F401  (the fixture, built once)
 from tether.shared.step_client import connect
 
 TICKER = ("i=0; while [ ! -e gate ]; do i=$((i+1)); echo tick $i; echo err $i >&2; "
