@@ -322,9 +322,16 @@ def hold(conn: Conn, job_id: int, uid: int, held: bool) -> None:
     call(conn, "SELECT tether_hold(%s, %s, %s)", (job_id, uid, held))
 
 
+#: a pending job's fair-share factor beside its columns (``public_job`` shows its priority):
+#: every user's, computed once per statement, read only for pending rows
+_WITH_FACTORS = "WITH f AS MATERIALIZED (SELECT * FROM tether_factors()) "
+_FACTOR = (", CASE WHEN state = 'pending' THEN (SELECT f_factor FROM f WHERE f_uid = "
+           "tether_jobs.uid) END AS factor")
+
+
 def get_row(conn: Conn, job_id: int) -> dict[str, Any]:
-    row = conn.execute(f"SELECT {JOB_COLUMNS} FROM tether_jobs WHERE id = %s",
-                       (job_id,)).fetchone()
+    row = conn.execute(f"{_WITH_FACTORS}SELECT {JOB_COLUMNS}{_FACTOR} FROM tether_jobs "
+                       "WHERE id = %s", (job_id,)).fetchone()
     if row is None:
         raise NotFound(f"no job {job_id}")
     return row
@@ -335,7 +342,8 @@ def get_job(conn: Conn, job_id: int) -> dict[str, Any]:
 
 
 def list_jobs(conn: Conn, after: int = 0, limit: int = 1000) -> list[dict[str, Any]]:
-    rows = conn.execute(f"SELECT {JOB_COLUMNS} FROM tether_jobs WHERE id > %s ORDER BY id "
+    rows = conn.execute(f"{_WITH_FACTORS}SELECT {JOB_COLUMNS}{_FACTOR} FROM tether_jobs "
+                        "WHERE id > %s ORDER BY id "
                         "LIMIT %s", (after, limit)).fetchall()
     return [public_job(r) for r in rows]
 
