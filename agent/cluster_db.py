@@ -5,8 +5,8 @@ agent's own autocommit connection, as the node's own role: the database knows wh
 and lets it change only its own rows. The one lock another agent may hold for a while is the
 claims' own (one plan at a time, shared/cluster_sched.py: a claim's length, bounded by
 ``lock_timeout``); claims and node reaping take rows ``FOR UPDATE SKIP LOCKED``; the rest lock
-one row the caller owns. A node's clock never matters: heartbeat ages are measured with the database server's
-``clock_timestamp()``.
+one row the caller owns. A node's clock never matters: heartbeat ages are measured with the
+database server's ``clock_timestamp()``.
 
 Why a result cannot be recorded twice or for the wrong attempt: ``tether_report`` locks the
 job's row and writes the result only if the row still names this node, this attempt and an

@@ -165,8 +165,9 @@ def test_a_version_2_cluster_is_upgraded_in_place(pg: ScratchPostgres, make_node
         cluster.sql("UPDATE tether_jobs SET dependency = %s WHERE id = %s",
                     Jsonb([["afterok", before]]), after)
         out = cluster.admin("init", "--heartbeat-timeout", str(TIMEOUT), "--fence-margin",
-                            str(MARGIN), "--root-jobs", "allow").stdout
-        assert "version 3" in out, out
+                            str(MARGIN), "--root-jobs", "allow", "--fairshare-half-life",
+                            "1-0").stdout
+        assert "version 3" in out and "fair-share half-life 86400s" in out, out
         cluster.agents("n0")
         for job in (before, after):
             cluster.wait_job(job, lambda j: j["state"] == "completed", "completed")
