@@ -86,6 +86,10 @@ def claim(conn: Conn, info: NodeInfo, free: tuple[int, int, int]) -> list[dict[s
     try:
         rows = conn.execute("SELECT tether_claim(%s, %s, %s, %s) AS row",
                             (info.session, *free)).fetchall()
+    except psycopg.errors.LockNotAvailable:
+        # other nodes' plans held the claims' lock past lock_timeout: nothing claimed this
+        # pass (the next heartbeat plans again); the pass, and its lease, go on
+        return []
     except psycopg.Error as exc:
         err = translated(exc)
         if isinstance(err, NodeNotUp):
