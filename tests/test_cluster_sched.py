@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from typing import Any
 
+import psycopg
+from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
-from tests.clusterkit import MARGIN, TIMEOUT, Cluster
+from tests.clusterkit import MARGIN, TIMEOUT, Cluster, node_dsn
 from tests.helpers import poll_until
 from tests.pgserver import ScratchPostgres
 from tests.userkit import made_users
@@ -176,3 +179,59 @@ def test_a_version_2_cluster_is_upgraded_in_place(pg: ScratchPostgres, make_node
         assert [u["uid"] for u in usage] == [0] and usage[0]["cpu_seconds"] > 0
     finally:
         cluster.cleanup()
+
+
+def node_login(cluster: Cluster, name: str, cpus: int) -> Any:
+    """Node ``name``'s own login, registered and up (no agent: the test is the node)."""
+    path = os.path.join(cluster.work, f"{name}.dsn")
+    cluster.add_node(name, path)
+    cluster.nodes[name] = cluster.make_node()  # for node_dsn's path and the cleanup
+    os.rename(path, os.path.join(cluster.nodes[name].dir, "cluster.dsn"))
+    conn = psycopg.connect(node_dsn(cluster, name), autocommit=True, row_factory=dict_row)
+    conn.execute("SELECT tether_register(%s, 'h', %s, %s, 0, 1000, 'v', 's', false)",
+                 (name, f"/s/{name}", cpus))
+    conn.execute("SELECT tether_mark_up('s')")
+    return conn
+
+
+def test_concurrent_claims_never_plan_the_same_cpus_twice(cluster: Cluster) -> None:
+    """Two nodes claiming at once, over and over: each job is claimed once, no node is given
+    more than it has, and an array's %MAX holds across them (each plan sees the claims
+    committed before it)."""
+    conns = {name: node_login(cluster, name, 4) for name in ("n0", "n1")}
+    elements = [cluster.put("true") for _ in range(10)]  # an array of 10, %3
+    cluster.sql("UPDATE tether_jobs SET array_id = %s, array_index = id - %s, array_max = 3 "
+                "WHERE id = ANY(%s)", elements[0], elements[0], elements)
+    jobs = [cluster.put("true") for _ in range(30)]
+    got: dict[str, list[int]] = {"n0": [], "n1": []}
+    together = threading.Barrier(2)
+
+    def claim(name: str) -> None:
+        for _ in range(20):
+            together.wait(10)  # each round, both at once
+            conns[name].execute("SELECT tether_heartbeat('s')")
+            free = 4 - len(got[name])
+            rows = conns[name].execute("SELECT tether_claim('s', %s, 0, 1000) AS c",
+                                       (free,)).fetchall()
+            got[name] += [r["c"]["id"] for r in rows]
+
+    threads = [threading.Thread(target=claim, args=(name,)) for name in conns]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for conn in conns.values():
+        conn.close()
+    assert len(got["n0"]) == len(got["n1"]) == 4, got
+    assert len(set(got["n0"]) | set(got["n1"])) == 8
+    rows = cluster.sql("SELECT id, node, attempt FROM tether_jobs WHERE state = 'starting'")
+    assert sorted((r["id"], r["node"]) for r in rows) == sorted(
+        [(j, "n0") for j in got["n0"]] + [(j, "n1") for j in got["n1"]])
+    assert {r["attempt"] for r in rows} == {1}
+    # in order (one user: the oldest first), the array's throttle counted across both nodes
+    assert sorted(got["n0"] + got["n1"]) == elements[:3] + jobs[:5]
+    waiting = cluster.sql("SELECT id, pending_reason FROM tether_jobs WHERE state = 'pending'")
+    assert {r["pending_reason"] for r in waiting if r["id"] in elements} == {
+        "JobArrayTaskLimit"}
+    assert {r["pending_reason"] for r in waiting if r["id"] in jobs} <= {"Resources",
+                                                                         "Priority"}
