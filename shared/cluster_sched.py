@@ -16,8 +16,8 @@ claims it makes are one transaction:
   plus those of the attempts running now), ties by id (first come, first served): exactly a
   node's order.
 - **EASY backfill across nodes.** The nodes the plan places jobs on are the up, undrained,
-  non-login nodes whose heartbeat is on time; each one's free resources are what its running
-  jobs leave (for the calling node, what its agent says it has free). In order, a job starts
+  non-login nodes whose heartbeat is on time (the caller always: it calls); each one's free
+  resources are what its running jobs leave (for the caller, what its agent says it has free). In order, a job starts
   on the first node where it fits now (the caller first: a job that fits elsewhere only is left
   to that node, which claims it on its own pass, and its resources are counted as taken). The
   first job that fits nowhere now is *blocked* (``Resources``): from the announced ends of the
@@ -221,7 +221,8 @@ BEGIN
             FROM tether_nodes n
             LEFT JOIN tether_jobs a ON a.node = n.name AND a.state IN {active}
            WHERE n.state = 'up' AND NOT n.drain AND NOT n.login AND n.cpus > 0
-             AND n.heartbeat > clock_timestamp() - make_interval(secs => timeout)
+             AND (n.name = me  -- the caller is alive: it calls
+                  OR n.heartbeat > clock_timestamp() - make_interval(secs => timeout))
            GROUP BY n.name) x;
   n_name := coalesce(n_name, '{{}}');
   FOR j IN SELECT t.* FROM tether_jobs t LEFT JOIN tether_factors() f ON f.f_uid = t.uid
