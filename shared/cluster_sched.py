@@ -17,9 +17,10 @@ claims it makes are one transaction:
   node's order.
 - **EASY backfill across nodes.** The nodes the plan places jobs on are the up, undrained,
   non-login nodes whose heartbeat is on time (the caller always: it calls); each one's free
-  resources are what its running jobs leave (for the caller, what its agent says it has free). In order, a job starts
-  on the first node where it fits now (the caller first: a job that fits elsewhere only is left
-  to that node, which claims it on its own pass, and its resources are counted as taken). The
+  resources are what its running jobs leave (for the caller, what its agent says it has
+  free). In order, a job starts on the first node where it fits now (the caller first: a job
+  that fits elsewhere only is left to that node, which claims it on its own pass, and its
+  resources are counted as taken). The
   first job that fits nowhere now is *blocked* (``Resources``): from the announced ends of the
   running jobs (claim + time limit) and of those the plan starts, its reservation is the
   earliest moment enough frees on one node (the *shadow* time on the *reserved node*), with
