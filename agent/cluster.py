@@ -231,7 +231,7 @@ class ClusterNode:
         return snap
 
     def free(self) -> tuple[int, int, int] | None:
-        """What this node may claim now, or None."""
+        """What this node may claim now, or None: it claims nothing (a login node, stopping)."""
         if self.info.login or self.agent.stopping:
             return None
         ledger = self.agent.ledger
@@ -240,9 +240,9 @@ class ClusterNode:
             need = demand({"cpus_per_task": job.cpus_per_task, "ntasks": job.ntasks,
                            "gpus_req": job.gpus_req, "memory_mb": job.memory_mb})
             free = [f - n for f, n in zip(free, need, strict=True)]
-        if min(free) < 0 or free[0] == 0:
-            return None
-        return (free[0], free[1], free[2])
+        # a full node still claims with nothing free: its pass plans the cluster's queue all
+        # the same (the pending reasons; cluster_sched.py), and takes nothing itself
+        return (max(0, free[0]), max(0, free[1]), max(0, free[2]))
 
     def pass_done(self, out: Outcome | None, exc: BaseException | None) -> None:
         """On the loop: apply what the pass did, or take its failure."""

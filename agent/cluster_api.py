@@ -414,7 +414,8 @@ def scheduling(args: Any) -> dict[str, Any]:
     text = protocol.arg_str(args, "dependency", optional=True, max_len=16384)
     if text:
         try:
-            out["dependency"] = [list(d) for d in jobopts.parse_dependency(text)]
+            out["dependency"] = [list(d) for d in jobopts.parse_dependency(
+                text, jobopts.NODE_KINDS)]
         except ValueError as exc:
             raise BadRequest(str(exc)) from None
     text = protocol.arg_str(args, "array", optional=True, max_len=4096)

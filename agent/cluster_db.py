@@ -2,10 +2,11 @@
 
 Every function is one call of a function of ``shared/cluster_funcs.py``, one statement on the
 agent's own autocommit connection, as the node's own role: the database knows which node calls
-and lets it change only its own rows. Nothing here waits on a lock held by another agent:
-claims and node reaping take rows ``FOR UPDATE SKIP LOCKED``; the rest lock one row the caller
-owns. A node's clock never matters: heartbeat ages are measured with the database server's
-``clock_timestamp()``.
+and lets it change only its own rows. The one lock another agent may hold for a while is the
+claims' own (one plan at a time, shared/cluster_sched.py: a claim's length, bounded by
+``lock_timeout``); claims and node reaping take rows ``FOR UPDATE SKIP LOCKED``; the rest lock
+one row the caller owns. A node's clock never matters: heartbeat ages are measured with the
+database server's ``clock_timestamp()``.
 
 Why a result cannot be recorded twice or for the wrong attempt: ``tether_report`` locks the
 job's row and writes the result only if the row still names this node, this attempt and an
@@ -76,14 +77,19 @@ def my_jobs(conn: Conn, me: str) -> list[dict[str, Any]]:
 
 
 def claim(conn: Conn, info: NodeInfo, free: tuple[int, int, int]) -> list[dict[str, Any]] | None:
-    """Claim queued jobs that fit ``free``, oldest first: their rows (with ``env`` and the new
-    ``attempt``), or None when this node may not take work (not up: rejoin).
+    """Plan the cluster's queue and claim what the plan starts here, within ``free``
+    (shared/cluster_sched.py): their rows (with ``env`` and the new ``attempt``), or None when
+    this node may not take work (not up: rejoin).
 
     The database commits the claims before the caller records them locally: a crash between
     the two leaves claims with no local job, which the next reconcile queues again."""
     try:
         rows = conn.execute("SELECT tether_claim(%s, %s, %s, %s) AS row",
                             (info.session, *free)).fetchall()
+    except psycopg.errors.LockNotAvailable:
+        # other nodes' plans held the claims' lock past lock_timeout: nothing claimed this
+        # pass (the next heartbeat plans again); the pass, and its lease, go on
+        return []
     except psycopg.Error as exc:
         err = translated(exc)
         if isinstance(err, NodeNotUp):

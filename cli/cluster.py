@@ -126,15 +126,17 @@ def cmd_init(conn: Any, ns: argparse.Namespace) -> int:
 
     root = None if ns.root_jobs is None else ns.root_jobs == "allow"
     requeue = None if ns.requeue is None else ns.requeue == "yes"
-    res = cluster_db.init(conn, ns.heartbeat_timeout, root, ns.fence_margin, requeue)
+    res = cluster_db.init(conn, ns.heartbeat_timeout, root, ns.fence_margin, requeue,
+                          ns.fairshare_half_life)
     if ns.json:
         print(json.dumps(res))
     else:
         print(f"cluster schema version {res['schema_version']} ready (heartbeat timeout "
               f"{res['heartbeat_timeout']:g}s, fence margin {res['fence_margin']:g}s, root jobs "
               f"{'allowed' if res['allow_root_jobs'] else 'denied'}, jobs of a lost node "
-              f"{'requeued' if res['requeue'] else 'ended node_fail'} unless they say, node "
-              f"group {res['node_group']})")
+              f"{'requeued' if res['requeue'] else 'ended node_fail'} unless they say, "
+              f"fair-share half-life {res['fairshare_half_life']:g}s, node group "
+              f"{res['node_group']})")
     return 0
 
 

@@ -220,6 +220,10 @@ def add_cluster(sub: Any) -> None:
                       "(yes, Slurm's JobRequeue=1) or end it node_fail (no); submit "
                       "--no-requeue overrides it (default yes; a re-init without it keeps the "
                       "current value)")
+    init.add_argument("--fairshare-half-life", type=time_limit, metavar="TIME",
+                      help="the half-life of the usage the cluster's queue is ordered by, in "
+                      "--time's notation (Slurm's PriorityDecayHalfLife; default 7-0, 7 days; "
+                      "a re-init without it keeps the current value)")
     init.add_argument("--root-jobs", choices=["allow", "deny"],
                       help="may root's jobs run from the cluster (Slurm's DisableRootJobs; "
                       "default deny; a re-init without it keeps the current value)")

@@ -27,6 +27,7 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from tether.shared import cluster_funcs, stamps
+from tether.shared.cluster_sched import DEFAULT_HALF_LIFE
 from tether.shared.cluster_sql import (
     ACTIVE,
     DEFAULT_FENCE_MARGIN,
@@ -124,7 +125,8 @@ def heartbeat_timeout(conn: Conn) -> float:
 
 
 def init(conn: Conn, timeout: float | None, root_jobs: bool | None = None,
-         fence_margin: float | None = None, requeue: bool | None = None) -> dict[str, Any]:
+         fence_margin: float | None = None, requeue: bool | None = None,
+         half_life: float | None = None) -> dict[str, Any]:
     """Create or upgrade the schema, its functions and privileges (idempotent); set the
     settings given. Run by the administrator: the role that owns the tables."""
     with conn.transaction():
@@ -157,6 +159,9 @@ def init(conn: Conn, timeout: float | None, root_jobs: bool | None = None,
                             DEFAULT_FENCE_MARGIN)), replace=fence_margin is not None)
         set_meta(conn, "requeue", "false" if requeue is False else "true",
                  replace=requeue is not None)
+        set_meta(conn, "fairshare_half_life",
+                 repr(float(half_life if half_life is not None else DEFAULT_HALF_LIFE)),
+                 replace=half_life is not None)
         group = node_group(conn)
         set_meta(conn, "node_group", group, replace=False)
         conn.execute(sql.SQL("DO $$ BEGIN IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = "
@@ -171,7 +176,8 @@ def init(conn: Conn, timeout: float | None, root_jobs: bool | None = None,
     return {"schema_version": SCHEMA_VERSION, "previous_version": found or None,
             "heartbeat_timeout": hb, "fence_margin": float(meta["fence_margin"]),
             "node_group": group, "allow_root_jobs": meta["allow_root_jobs"] == "true",
-            "requeue": meta["requeue"] == "true"}
+            "requeue": meta["requeue"] == "true",
+            "fairshare_half_life": float(meta["fairshare_half_life"])}
 
 
 def set_meta(conn: Conn, key: str, value: str, replace: bool = True) -> None:
@@ -322,9 +328,16 @@ def hold(conn: Conn, job_id: int, uid: int, held: bool) -> None:
     call(conn, "SELECT tether_hold(%s, %s, %s)", (job_id, uid, held))
 
 
+#: a pending job's fair-share factor beside its columns (``public_job`` shows its priority):
+#: every user's, computed once per statement, read only for pending rows
+_WITH_FACTORS = "WITH f AS MATERIALIZED (SELECT * FROM tether_factors()) "
+_FACTOR = (", CASE WHEN state = 'pending' THEN (SELECT f_factor FROM f WHERE f_uid = "
+           "tether_jobs.uid) END AS factor")
+
+
 def get_row(conn: Conn, job_id: int) -> dict[str, Any]:
-    row = conn.execute(f"SELECT {JOB_COLUMNS} FROM tether_jobs WHERE id = %s",
-                       (job_id,)).fetchone()
+    row = conn.execute(f"{_WITH_FACTORS}SELECT {JOB_COLUMNS}{_FACTOR} FROM tether_jobs "
+                       "WHERE id = %s", (job_id,)).fetchone()
     if row is None:
         raise NotFound(f"no job {job_id}")
     return row
@@ -335,7 +348,8 @@ def get_job(conn: Conn, job_id: int) -> dict[str, Any]:
 
 
 def list_jobs(conn: Conn, after: int = 0, limit: int = 1000) -> list[dict[str, Any]]:
-    rows = conn.execute(f"SELECT {JOB_COLUMNS} FROM tether_jobs WHERE id > %s ORDER BY id "
+    rows = conn.execute(f"{_WITH_FACTORS}SELECT {JOB_COLUMNS}{_FACTOR} FROM tether_jobs "
+                        "WHERE id > %s ORDER BY id "
                         "LIMIT %s", (after, limit)).fetchall()
     return [public_job(r) for r in rows]
 

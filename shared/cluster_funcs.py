@@ -29,6 +29,7 @@ could then stand in for one of ours).
 
 from __future__ import annotations
 
+from tether.shared import cluster_sched
 from tether.shared.jobstates import (
     ACTIVE,
     FINAL,
@@ -71,6 +72,7 @@ NODE_FUNCTIONS = (
     ("tether_asked", ""),
     ("tether_answer", "bigint, jsonb"),
     ("tether_answer_of", "bigint"),
+    ("tether_factors", ""),
 )
 #: helpers only the functions above call
 INTERNAL_FUNCTIONS = (
@@ -79,8 +81,11 @@ INTERNAL_FUNCTIONS = (
     ("tether_now_text", ""),
     ("tether_invalid", "tether_jobs"),
     ("tether_lose", "bigint, integer, text"),
-    ("tether_deps", "jsonb"),
+    ("tether_deps", "tether_jobs"),
+    ("tether_charge", "bigint, integer"),
 )
+#: functions of earlier versions, dropped at ``init``
+OBSOLETE_FUNCTIONS = (("tether_deps", "jsonb"),)
 
 _DEF = "LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, {schema}, pg_temp"
 
@@ -293,6 +298,7 @@ BEGIN
     UPDATE tether_jobs SET state = v_state, reason = v_reason, ended_at = tether_now_text()
      WHERE id = p_job;
   END IF;
+  PERFORM tether_charge(p_job, p_attempt);  -- what it held until lost
   UPDATE tether_attempts SET state = 'lost', reason = p_why, ended_at = clock_timestamp()
    WHERE job = p_job AND attempt = p_attempt;
   PERFORM pg_notify('tether_job', p_job::text);
@@ -300,83 +306,7 @@ END $$;
 
 -- ---- work -------------------------------------------------------------------------------
 
--- Claim queued jobs that fit what the caller has free, oldest first: each row as jsonb, with
--- its env and the new attempt. A job that could never run on this node is left to others;
--- the first one that could but does not fit now ends the claim (no overtaking here). A row
--- that cannot run anywhere (tether_invalid, or root's where root jobs are off) is failed
--- with its reason and passed over, so it never stops anyone claiming.
-CREATE OR REPLACE FUNCTION tether_claim(p_session text, p_cpus integer, p_gpus integer,
-    p_memory_mb bigint) RETURNS SETOF jsonb {definer} AS $$
-DECLARE
-  me text := tether_me();
-  nd record;
-  j tether_jobs;
-  bad text;
-  root_ok boolean := tether_setting('allow_root_jobs', 'false') = 'true';
-  left_c bigint := p_cpus; left_g bigint := p_gpus; left_m bigint := p_memory_mb;
-  need bigint; att integer; deps text;
-BEGIN
-  SELECT state, drain, session, login, cpus, gpus, memory_mb INTO nd
-    FROM tether_nodes WHERE name = me FOR SHARE;
-  IF nd.state <> 'up' OR nd.session <> p_session THEN
-    RAISE EXCEPTION 'node % is not up in the cluster (or was registered by another agent)', me
-      USING ERRCODE = 'TT503';
-  END IF;
-  IF nd.drain OR nd.login THEN
-    RETURN;
-  END IF;
-  FOR j IN SELECT * FROM tether_jobs WHERE state IN {claim_from} AND NOT held ORDER BY id
-           LIMIT 256 FOR UPDATE SKIP LOCKED LOOP
-    bad := tether_invalid(j);
-    IF bad IS NULL AND j.uid = 0 AND NOT root_ok THEN
-      bad := 'root jobs are disabled in this cluster (tether cluster init --root-jobs allow)';
-    END IF;
-    IF bad IS NOT NULL THEN
-      UPDATE tether_jobs SET state = {invalid_to}, reason = 'cannot run: ' || bad,
-             ended_at = tether_now_text() WHERE id = j.id;
-      PERFORM pg_notify('tether_job', j.id::text);
-      CONTINUE;
-    END IF;
-    IF j.begin_at IS NOT NULL AND j.begin_at > extract(epoch FROM clock_timestamp()) THEN
-      CONTINUE;  -- not yet (BeginTime); it does not hold up the jobs behind it
-    END IF;
-    IF jsonb_array_length(j.dependency) > 0 THEN
-      deps := tether_deps(j.dependency);
-      IF deps = 'waiting' THEN
-        CONTINUE;
-      ELSIF deps <> 'satisfied' THEN
-        UPDATE tether_jobs SET state = {never_to}, reason = 'DependencyNeverSatisfied: '
-               || deps, ended_at = tether_now_text() WHERE id = j.id;
-        PERFORM pg_notify('tether_job', j.id::text);
-        PERFORM pg_notify('tether_queue', '');
-        CONTINUE;
-      END IF;
-    END IF;
-    IF j.array_max IS NOT NULL THEN
-      -- the array's throttle (%MAX): nodes claiming at once count one after the other (each
-      -- sees the other's claims only once committed: the lock lasts to this transaction's end)
-      PERFORM pg_advisory_xact_lock(1952805992, (j.array_id % 2147483647)::integer);
-      IF (SELECT count(*) FROM tether_jobs WHERE array_id = j.array_id
-          AND state IN {active}) >= j.array_max THEN
-        CONTINUE;
-      END IF;
-    END IF;
-    need := j.cpus_per_task::bigint * j.ntasks;
-    IF need > nd.cpus OR j.gpus_req > nd.gpus OR j.memory_mb > nd.memory_mb THEN
-      CONTINUE;
-    END IF;
-    IF need > left_c OR j.gpus_req > left_g OR j.memory_mb > left_m THEN
-      EXIT;
-    END IF;
-    left_c := left_c - need; left_g := left_g - j.gpus_req; left_m := left_m - j.memory_mb;
-    att := j.attempt + 1;
-    UPDATE tether_jobs SET state = {claim_to}, attempt = att, node = me, local_job = NULL,
-           reason = NULL, cpus = '[]', gpus = '[]', pids = '[]', supervisor_pid = NULL,
-           started_at = NULL WHERE id = j.id;
-    INSERT INTO tether_attempts (job, attempt, node, state) VALUES (j.id, att, me, 'starting');
-    RETURN NEXT to_jsonb(j) || jsonb_build_object('attempt', att);
-  END LOOP;
-END $$;
+-- tether_claim: the scheduler, shared/cluster_sched.py
 
 CREATE OR REPLACE FUNCTION tether_set_running(p_job bigint, p_attempt integer,
     p_local_job bigint, p_started_at text, p_cpus jsonb, p_gpus jsonb, p_pids jsonb,
@@ -439,6 +369,7 @@ BEGIN
                       AND octet_length((p_result->'usage')::text) <= 4096
                       THEN p_result->'usage' END
    WHERE id = p_job;
+  PERFORM tether_charge(p_job, p_attempt);  -- its user's usage (fair share)
   UPDATE tether_attempts SET state = st, reason = p_result->>'reason',
          ended_at = clock_timestamp() WHERE job = p_job AND attempt = p_attempt;
   PERFORM pg_notify('tether_job', p_job::text);
@@ -471,8 +402,9 @@ END $$;
 
 -- Queue a job for the user the calling node authenticated: one row, or one per index of an
 -- array (p->'array': {{"indices": [...], "max": N}}; the first element's id is the array's). Its
--- dependencies (p->'dependency': [[kind, job, index or null], ...]) are resolved here to job
--- ids, an array's id standing for all its elements. Output and error keep their tokens: the
+-- dependencies (p->'dependency': [[kind, job, index or null], ...]) are resolved here: a job
+-- (an element named by its index too) as [kind, id], an array's id as [kind, -id] (all its
+-- elements together), singleton as ["singleton", 0]. Output and error keep their tokens: the
 -- submitting agent writes them expanded (tether_set_outputs) in the same transaction. Returns
 -- the ids, in index order.
 CREATE OR REPLACE FUNCTION tether_submit(p jsonb) RETURNS bigint[] {definer} AS $$
@@ -494,9 +426,17 @@ BEGIN
       '`tether cluster init --root-jobs allow`)' USING ERRCODE = 'TT403';
   END IF;
   FOR d IN SELECT * FROM jsonb_array_elements(coalesce(p->'dependency', '[]')) LOOP
+    IF d->>0 = 'singleton' THEN
+      deps := deps || jsonb_build_array(jsonb_build_array('singleton', 0));
+      CONTINUE;
+    END IF;
     IF d->>2 IS NULL THEN
-      SELECT array_agg(id ORDER BY id) INTO found FROM tether_jobs
-       WHERE id = (d->>1)::bigint OR array_id = (d->>1)::bigint;
+      IF EXISTS (SELECT 1 FROM tether_jobs WHERE array_id = (d->>1)::bigint) THEN
+        -- an array's id: all its elements together, as [kind, -id] (tether_deps)
+        deps := deps || jsonb_build_array(jsonb_build_array(d->>0, -(d->>1)::bigint));
+        CONTINUE;
+      END IF;
+      SELECT array_agg(id) INTO found FROM tether_jobs WHERE id = (d->>1)::bigint;
     ELSE
       SELECT array_agg(id) INTO found FROM tether_jobs
        WHERE array_id = (d->>1)::bigint AND array_index = (d->>2)::integer;
@@ -505,10 +445,10 @@ BEGIN
       RAISE EXCEPTION 'dependency: no job %', d->>1 || coalesce('_' || (d->>2), '')
         USING ERRCODE = 'TT404';
     END IF;
-    SELECT deps || jsonb_agg(jsonb_build_array(d->>0, f)) INTO deps FROM unnest(found) f;
+    deps := deps || jsonb_build_array(jsonb_build_array(d->>0, found[1]));
   END LOOP;
   IF jsonb_array_length(deps) > 1000 THEN
-    RAISE EXCEPTION 'dependency names more than 1000 jobs (an array counts each element)'
+    RAISE EXCEPTION 'dependency names more than 1000 jobs'
       USING ERRCODE = 'TT400';
   END IF;
   FOR idx IN SELECT CASE WHEN indices = 'null' THEN NULL ELSE e::integer END FROM
@@ -567,33 +507,6 @@ BEGIN
      WHERE id = (e->>0)::bigint AND submit_node = me AND state = 'pending'
        AND left(e->>1, 1) = '/' AND left(e->>2, 1) = '/';
   END LOOP;
-END $$;
-
--- Where a job's dependencies stand ([[kind, id], ...], all must hold): 'satisfied', 'waiting'
--- or why they never will be (the single node's rules, agent/schedule.py).
-CREATE OR REPLACE FUNCTION tether_deps(deps jsonb) RETURNS text {definer} AS $$
-DECLARE d jsonb; st text; result text := 'satisfied';
-BEGIN
-  FOR d IN SELECT * FROM jsonb_array_elements(deps) LOOP
-    SELECT state INTO st FROM tether_jobs WHERE id = (d->>1)::bigint;
-    IF st IS NULL THEN
-      RETURN format('job %s is unknown', d->>1);
-    END IF;
-    IF d->>0 = 'afterok' THEN
-      IF st IN {unsuccessful} THEN
-        RETURN format('afterok:%s, which ended %s', d->>1, st);
-      END IF;
-      IF st <> 'completed' THEN result := 'waiting'; END IF;
-    ELSIF d->>0 = 'afternotok' THEN
-      IF st = 'completed' THEN
-        RETURN format('afternotok:%s, which completed', d->>1);
-      END IF;
-      IF st IN {unfinished} THEN result := 'waiting'; END IF;
-    ELSE  -- afterany
-      IF st IN {unfinished} THEN result := 'waiting'; END IF;
-    END IF;
-  END LOOP;
-  RETURN result;
 END $$;
 
 -- Cancel for the user the calling node authenticated (the owner or root): a queued job ends
@@ -738,10 +651,11 @@ READABLE_JOB_COLUMNS = (
     "cpus_per_task, ntasks, gpus_req, memory_mb, cpus, gpus, supervisor_pid, pids, output, "
     "error, workdir, submitted_at, started_at, ended_at, cancel_requested, requeue, pmi, "
     "username, uid, gid, submit_node, groups, held, cancelled_by, umask, time_limit, begin_at, "
-    "dependency, array_id, array_index, array_max, usage, slurm_env"
+    "dependency, array_id, array_index, array_max, usage, slurm_env, pending_reason"
 )
 
-TABLES = ("tether_meta", "tether_nodes", "tether_jobs", "tether_attempts", "tether_asks")
+TABLES = ("tether_meta", "tether_nodes", "tether_jobs", "tether_attempts", "tether_asks",
+          "tether_usage")
 
 
 def state_words() -> dict[str, str]:
@@ -751,7 +665,7 @@ def state_words() -> dict[str, str]:
         assert target is not None
         return f"'{target}'"
     return {
-        "active": sql_list(ACTIVE), "results": sql_list(RESULTS),
+        "active": sql_list(ACTIVE), "results": sql_list(RESULTS), "final": sql_list(FINAL),
         "unsuccessful": sql_list(tuple(s for s in FINAL if s != "completed")),
         "unfinished": sql_list((PENDING, *ACTIVE)),
         "claim_from": sql_list(sources(Move.CLAIM)), "claim_to": to(Move.CLAIM),
@@ -770,10 +684,14 @@ def functions_sql(schema_ident: str) -> str:
     """The functions' text for tables in the schema ``schema_ident`` (already quoted): each
     dropped first, so that a function whose result type changed is made anew."""
     drops = "".join(f"DROP FUNCTION IF EXISTS {name}({args});\n"
-                    for name, args in NODE_FUNCTIONS + INTERNAL_FUNCTIONS)
+                    for name, args in NODE_FUNCTIONS + INTERNAL_FUNCTIONS + OBSOLETE_FUNCTIONS)
     kinds = "(" + ", ".join(f"'{k}'" for k in ASK_KINDS) + ")"
-    return drops + FUNCTIONS.format(schema=schema_ident, definer=_DEF.format(schema=schema_ident),
-                                    ask_kinds=kinds, max_asks=MAX_ASKS, **state_words())
+    words = dict(schema=schema_ident, definer=_DEF.format(schema=schema_ident),
+                 ask_kinds=kinds, max_asks=MAX_ASKS, claim_lock=cluster_sched.CLAIM_LOCK,
+                 window=cluster_sched.WINDOW, half_life=cluster_sched.DEFAULT_HALF_LIFE,
+                 **state_words())
+    return (drops + FUNCTIONS.format(**words)
+            + cluster_sched.SCHED_FUNCTIONS.format(**words))
 
 
 def privileges_sql(group_ident: str) -> list[str]:
@@ -781,7 +699,8 @@ def privileges_sql(group_ident: str) -> list[str]:
     out = [f"REVOKE ALL ON {', '.join(TABLES)} FROM PUBLIC, {group_ident}",
            f"REVOKE ALL ON SEQUENCE tether_jobs_id_seq, tether_asks_id_seq FROM PUBLIC, "
            f"{group_ident}",
-           f"GRANT SELECT ON tether_meta, tether_nodes, tether_attempts TO {group_ident}",
+           f"GRANT SELECT ON tether_meta, tether_nodes, tether_attempts, tether_usage TO "
+           f"{group_ident}",
            f"GRANT SELECT ({READABLE_JOB_COLUMNS}) ON tether_jobs TO {group_ident}"]
     for name, args in INTERNAL_FUNCTIONS + NODE_FUNCTIONS:
         out.append(f"REVOKE ALL ON FUNCTION {name}({args}) FROM PUBLIC, {group_ident}")

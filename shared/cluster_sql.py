@@ -20,7 +20,7 @@ from typing import Any
 
 from tether.shared import jobstates
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 #: Key of ``pg_advisory_xact_lock`` taken by ``cluster init`` (so two inits do not race).
 INIT_LOCK = 0x7465746865720001
@@ -142,6 +142,20 @@ CREATE TABLE tether_asks (
 );
 CREATE INDEX tether_asks_to ON tether_asks (to_node) WHERE NOT taken;
 """,
+    # The cluster schedules as one node does (shared/cluster_sched.py): each user's usage for
+    # fair share (allocated CPU-seconds, decayed: as of ``as_of``, epoch seconds), each pending
+    # job's reason as the last plan saw it, and an index for ``singleton``. Usage of the jobs
+    # that ended before the upgrade is not counted: fair share starts from the upgrade.
+    3: """
+CREATE TABLE tether_usage (
+    uid integer PRIMARY KEY,
+    cpu_seconds float8 NOT NULL,
+    as_of float8 NOT NULL
+);
+ALTER TABLE tether_jobs ADD COLUMN pending_reason text;
+CREATE INDEX tether_jobs_user_name ON tether_jobs (uid, name)
+    WHERE state IN ('pending', 'starting', 'running');
+""",
 }
 
 META = """
@@ -156,7 +170,7 @@ JOB_COLUMNS = (
     "cpus_per_task, ntasks, gpus_req, memory_mb, cpus, gpus, supervisor_pid, pids, output, "
     "error, workdir, submitted_at, started_at, ended_at, cancel_requested, requeue, pmi, "
     "username, uid, gid, submit_node, groups, held, cancelled_by, umask, time_limit, begin_at, "
-    "dependency, array_id, array_index, array_max, usage, slurm_env"
+    "dependency, array_id, array_index, array_max, usage, slurm_env, pending_reason"
 )
 
 
@@ -189,18 +203,40 @@ def public_job(row: dict[str, Any]) -> dict[str, Any]:
         "user": row["username"], "uid": row["uid"], "node": row["node"],
         "requeue": row["requeue"], "held": row["held"], "submit_node": row["submit_node"],
         "time_limit": row["time_limit"], "begin_at": row["begin_at"],
-        "dependency": row["dependency"], "array_id": row["array_id"],
-        "array_index": row["array_index"],
+        "dependency": [dependency_text(d) for d in row["dependency"] or []],
+        "array_id": row["array_id"], "array_index": row["array_index"],
+        "priority": priority(row),
     } | ({"reason": pending_reason(row)} if row["state"] == "pending" and not row["reason"]
          else {})
 
 
+def dependency_text(dep: list[Any]) -> str:
+    """A dependency as a node shows it (agent/job.py): ``KIND:ID``, ``KIND:ID_*`` for a whole
+    array (stored as ``[kind, -id]``), ``singleton`` alone."""
+    kind, ref = str(dep[0]), int(dep[1])
+    if kind == "singleton":
+        return kind
+    return f"{kind}:{-ref}_*" if ref < 0 else f"{kind}:{ref}"
+
+
+def priority(row: dict[str, Any]) -> int | None:
+    """A pending job's fair-share priority (its user's factor, ``tether_factors``, times a
+    node's scale: agent/fairshare.py), None for any other or when the query did not ask."""
+    factor = row.get("factor")
+    if row["state"] != "pending" or factor is None:
+        return None
+    return round(float(factor) * 1_000_000)
+
+
 def pending_reason(row: dict[str, Any]) -> str:
-    """Why a queued cluster job waits, in Slurm's words (as a node's ``list`` says them)."""
+    """Why a queued cluster job waits, in Slurm's words (as a node's ``list`` says them): the
+    last plan's word (``tether_claim``), or what the row says before any plan saw it."""
     if row["held"]:
         return "JobHeldUser"
     if row["begin_at"] is not None and row["begin_at"] > time.time():
         return "BeginTime"
+    if row.get("pending_reason"):
+        return str(row["pending_reason"])
     if row["dependency"]:
         return "Dependency"
     return "Resources"

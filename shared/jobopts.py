@@ -3,9 +3,9 @@
 ``--time``: ``M``, ``M:S``, ``H:M:S``, ``D-H``, ``D-H:M``, ``D-H:M:S`` (sbatch(1)), in seconds.
 ``--array``: ``0-99``, ``0-99:STEP``, ``1,3,5-7``, any of them followed by ``%MAX``.
 ``--dependency``: ``afterok:ID[:ID...]``, ``afterany:...``, ``afternotok:...``, comma-separated;
-an ID is a job id or ``ARRAY_INDEX`` (one element of an array). A node also takes Slurm's
-``after:ID`` (started), ``aftercorr:ID`` (an array's elements pairwise) and ``singleton``
-(``NODE_KINDS``); a cluster's submission takes the first three only (``DEPENDENCY_KINDS``).
+an ID is a job id or ``ARRAY_INDEX`` (one element of an array). A node and a cluster also take
+Slurm's ``after:ID`` (started), ``aftercorr:ID`` (an array's elements pairwise) and
+``singleton`` (``NODE_KINDS``).
 ``--begin``: ``now``, ``now+N[s|m|h|d]`` (seconds without a unit), ``HH:MM[:SS]`` (today, or
 tomorrow once that time has passed), ``YYYY-MM-DD[THH:MM[:SS]]``, local time.
 

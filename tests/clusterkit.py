@@ -55,7 +55,8 @@ def pg() -> Iterator[ScratchPostgres]:
 
 
 class Cluster:
-    def __init__(self, pg: ScratchPostgres, make_node: Any, root_jobs: str = "allow") -> None:
+    def __init__(self, pg: ScratchPostgres, make_node: Any, root_jobs: str = "allow",
+                 init: bool = True) -> None:
         self.pg = pg
         self.make_node = make_node
         self.db = "t" + uuid.uuid4().hex[:10]
@@ -64,8 +65,9 @@ class Cluster:
         os.chmod(self.work, 0o777)  # every test user writes its outputs here
         self.nodes: dict[str, Node] = {}
         self.roles: list[str] = []
-        self.admin("init", "--heartbeat-timeout", str(TIMEOUT), "--fence-margin", str(MARGIN),
-                   "--root-jobs", root_jobs)
+        if init:  # else the test builds the schema itself (an upgrade)
+            self.admin("init", "--heartbeat-timeout", str(TIMEOUT), "--fence-margin",
+                       str(MARGIN), "--root-jobs", root_jobs)
 
     # ---- the administrator -----------------------------------------------------------------
 
@@ -132,7 +134,7 @@ class Cluster:
             return cur.fetchall() if cur.description else []
 
     def put(self, *command: str, requeue: bool = True, uid: int = 0, user: str = "root",
-            env: Any = None) -> int:
+            env: Any = None, gid: int | None = None) -> int:
         """A row straight into the table, as the owner may (fast: no interpreter start)."""
         out = f"{self.work}/tether-"
         rows = self.sql(  # one statement: a claim never sees the row half written
@@ -143,8 +145,8 @@ class Cluster:
             "%s || n.id || '.out', %s, %s, '2026-01-01T00:00:00.000Z', 'none', %s, %s, %s, %s "
             "FROM n RETURNING id",
             command[0] if command else "x", Jsonb(list(command)), out, out, self.work,
-            Jsonb({"PATH": os.environ["PATH"]} if env is None else env), user, uid, uid,
-            requeue)
+            Jsonb({"PATH": os.environ["PATH"]} if env is None else env), user, uid,
+            uid if gid is None else gid, requeue)
         job = int(rows[0]["id"])
         self.sql("SELECT pg_notify('tether_queue', '')")
         return job

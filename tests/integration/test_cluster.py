@@ -25,7 +25,7 @@ from tests.pgserver import ScratchPostgres
 def test_init_is_idempotent_and_bad_input_is_one_line(cluster: Cluster, pg: ScratchPostgres,
                                                       make_node: Any) -> None:
     out = cluster.admin("init").stdout
-    assert "version 2" in out and "3s" in out  # a re-init keeps the timeout it was given
+    assert "version 3" in out and "3s" in out  # a re-init keeps the timeout it was given
     assert cluster.admin("init", "--heartbeat-timeout", "0", check=False).returncode == 2
     standalone = make_node()
     standalone.start()

@@ -68,7 +68,7 @@ def test_dependencies_across_nodes(cluster: Cluster) -> None:
     cluster.ok("resume", "n1")
     shown = json.loads(cluster.ok("show", str(after), "--json"))
     assert (shown["state"], shown["reason"]) == ("pending", "Dependency")
-    assert shown["dependency"] == [["afterok", before]]
+    assert shown["dependency"] == [f"afterok:{before}"]
     cluster.go()
     for job in (before, after, anyway):
         cluster.wait_job(job, lambda j: j["state"] == "completed", "completed")

@@ -59,3 +59,13 @@ def test_a_submit_option_the_cluster_does_not_carry_is_refused() -> None:
     assert uncarried({"command": ["true"], "time_limit": 60.0, "array": None,
                       "dependency": "afterok:1"}) == []
     assert uncarried({"later_option": 5, "array": None}) == ["--later-option"]
+
+
+def test_a_cluster_jobs_dependencies_and_priority_read_as_a_nodes() -> None:
+    from tether.shared.cluster_sql import dependency_text, priority
+
+    assert [dependency_text(d) for d in (["afterok", 7], ["aftercorr", -5], ["singleton", 0])] \
+        == ["afterok:7", "aftercorr:5_*", "singleton"]
+    assert priority({"state": "pending", "factor": 0.25}) == 250_000
+    assert priority({"state": "running", "factor": 0.25}) is None
+    assert priority({"state": "pending"}) is None  # a query that did not ask
