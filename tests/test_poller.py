@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import select
-import socket
 import subprocess
 import tempfile
 from collections.abc import Iterator
