@@ -41,19 +41,26 @@ def go():
     while not os.path.exists(log + ".go"):
         time.sleep(0.01)
 
-if mode == "ctl":  # this release's supervisor: supervisor/ctl.py on a kept listening socket
+if mode in ("ctl", "ctl-exit"):  # this release's supervisor: ctl.py on a kept listening socket
     from tether.supervisor import handover
     from tether.supervisor.ctl import Ctl
+    done = []
     def on_request(peer, req):
-        peer.door.send(peer, protocol.ok(req.id, result(req, uid=peer.uid, peer_pid=peer.pid)))
+        more = {"blob": "x" * 600_000} if mode == "ctl-exit" else {}  # over a socket's buffer
+        peer.door.send(peer, protocol.ok(req.id, result(req, uid=peer.uid, peer_pid=peer.pid,
+                                                        **more)))
+        done.append(req.kind == "ack" and mode == "ctl-exit")
     ctl = Ctl(path, handover.listen(path), on_request)
     print("bound", flush=True)
     p = select.poll()
     p.register(ctl.fileno(), select.POLLIN)
-    while True:
+    while not any(done):
         p.poll(1000)
         ctl.service()
         ctl.settle()
+    ctl.close(unlink=True)  # as the supervisor's exit after ``ack``: the reply leaves first
+    note("closed")
+    sys.exit(0)
 
 if mode == "door":  # a supervisor of 0.5.0 or 0.6.0: a door answering the DEALER's ZMTP
     srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -196,6 +203,20 @@ def test_this_releases_router_answers_in_order_of_readiness_with_the_kernels_nam
         assert {(r["uid"], r["peer_pid"]) for r in results} == {(os.getuid(), os.getpid())}
         assert (loop.link.peer_pid, loop.link.peer_uid) == (proc.pid, os.getuid())
         assert requests_seen(log) == ["hello", "claim", "wait", "ack"]
+
+
+def test_the_reply_to_ack_reaches_the_agent_although_the_supervisor_exits_at_once(
+        peers: Any) -> None:
+    """The supervisor closes its ROUTER right after its last reply (``ack``; a large one here,
+    more than the socket's buffer takes at once): the close lingers until that reply has left
+    (ctl.py), so the agent hears it whole; the process then exits."""
+    proc, path, log = peers("ctl-exit")
+    with Loop(path) as loop:
+        reply = loop.call("ack")()
+        assert reply["pong"] == "ack" and len(reply["blob"]) == 600_000
+        assert proc.wait(timeout=10) == 0
+        with open(log) as f:
+            assert f.read().splitlines()[-1] == "closed"
 
 
 def test_a_door_of_0_5_and_0_6_is_driven_through_its_zmtp(peers: Any) -> None:
