@@ -2,12 +2,11 @@
 
 Theory of operation. One thread, one poller (``poller.py``: epoll, so a turn costs what is
 ready, not what is watched) over: the door (``shared/door.py``: every local user's CLI, on a
-plain AF_UNIX socket), one connection per supervisor (link.py: to its ctl door, in the run
-directory's ctl/, which only this uid can enter; a DEALER for one before 0.5.0), one pidfd per
-supervisor, and a signal wakeup socket; plus a timer heap. The database is the only durable
-state and is written before anyone is told anything. Each turn of the loop (``step``) handles
-one poll's events, the due timers and a scheduler pass, then hands what it held to the sync
-thread (group_commit.py).
+plain AF_UNIX socket), one ZeroMQ DEALER per supervisor (link.py: to its ROUTER, in the run
+directory's ctl/, which only this uid can enter), one pidfd per supervisor, and a signal
+wakeup socket; plus a timer heap. The database is the only durable state and is written before
+anyone is told anything. Each turn of the loop (``step``) handles one poll's events, the due
+timers and a scheduler pass, then hands what it held to the sync thread (group_commit.py).
 
 The agent's work is split by what it does, each part a module of functions that take the agent
 and are bound below as its methods (so every part, api.py, scheduler.py and cluster.py call them
@@ -102,8 +101,8 @@ class Agent:
         #: every fd and socket the loop waits on (epoll: a turn costs O(ready), poller.py)
         self.poller = Poller()
         self.links: dict[int, Link] = {}
-        #: each link's socket (a native connection, or a DEALER), as the poller reports it
-        self.by_sock: dict[Any, Link] = {}
+        #: each link's DEALER, as the poller reports it
+        self.by_sock: dict[zmq.Socket[Any], Link] = {}
         self.by_pidfd: dict[int, Link] = {}
         #: parked ``wait`` requests, by job id
         self.waiters: Lot[int, None] = Lot(self.timers)

@@ -48,22 +48,18 @@ UPGRADE_PAUSE = 1.5
 def open_link(agent: Agent, job: int, attempt: int, path: str) -> Link:
     link = Link(agent.ctx, agent.timers, job, attempt, path)
     agent.links[job] = link
-    if link.sock is not None:
-        agent.by_sock[link.sock] = link
-        agent.poller.register(link.sock, zmq.POLLIN)
+    agent.by_sock[link.sock] = link
+    agent.poller.register(link.sock, zmq.POLLIN)
 
     def reopened(old: Any, new: Any) -> None:
-        """The link's socket changed (either may be None: no connection open)."""
-        if old is not None:
-            agent.by_sock.pop(old, None)
-            with contextlib.suppress(KeyError):
-                agent.poller.unregister(old)
-        if new is not None:
-            agent.by_sock[new] = link
-            agent.poller.register(new, zmq.POLLIN)
+        """The link's DEALER was replaced (after a timeout)."""
+        agent.by_sock.pop(old, None)
+        with contextlib.suppress(KeyError):
+            agent.poller.unregister(old)
+        agent.by_sock[new] = link
+        agent.poller.register(new, zmq.POLLIN)
     link.on_reopen = reopened
     link.on_sent = agent.poller.touched  # a send may take the signal of a reply with it
-    link.on_write = agent.poller.want_write
     return link
 
 
@@ -82,10 +78,9 @@ def connect(agent: Agent, m: lifecycle.Machine, *, fresh: bool) -> Link:
 def drop_link(agent: Agent, link: Link) -> None:
     if agent.links.get(link.job) is link:
         del agent.links[link.job]
-    if link.sock is not None:
-        agent.by_sock.pop(link.sock, None)
-        with contextlib.suppress(KeyError):
-            agent.poller.unregister(link.sock)
+    agent.by_sock.pop(link.sock, None)
+    with contextlib.suppress(KeyError):
+        agent.poller.unregister(link.sock)
     if link.pidfd is not None:
         agent.by_pidfd.pop(link.pidfd, None)
         with contextlib.suppress(KeyError):

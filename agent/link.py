@@ -1,24 +1,18 @@
-"""The agent's connection to one supervisor: a native connection (or, for a supervisor of 0.1.0
-to 0.4.0, a ZeroMQ DEALER) plus a pidfd (I/O).
+"""The agent's link to one supervisor: a ZeroMQ DEALER plus a pidfd (I/O).
 
 Requests are asynchronous: each has an id, a deadline and two callbacks, and the agent's single
-loop feeds replies and timeouts in. After a timeout the connection is dropped, so a request
-queued for a dead or hung peer is never delivered to a successor later.
+loop feeds replies and timeouts in. After a timeout the socket is replaced (and every other
+request in flight on it failed), so a request libzmq queued for a dead or hung peer is never
+delivered to a successor later, and a late reply is never taken for another's.
 
-Native first (agent/link_conn.py: frames over a plain AF_UNIX socket, what a 0.5.0 supervisor's
-door speaks), the DEALER only for a peer that shows it serves ZeroMQ: its first bytes are a ZMTP
-greeting, or it closes a fresh connection without a word (a libzmq ROUTER that reads our frame
-before it sends its greeting drops the connection at once). Then a second connection listens
-before it speaks (``PROBE``): a greeting means ZeroMQ, and every request in flight goes again on
-a DEALER (the ROUTER refused our frames at its handshake: none reached the supervisor); silence
-means a door, which never speaks first. The DEALER also speaks to doors (ZMTP, which a door
-answers), so a link that went to it stays correct whatever later serves the path.
-
-What the native connection keeps of the DEALER's behaviour: a connect that finds nobody
-listening is tried again every ``RETRY`` seconds while a request waits to go out (libzmq's flat
-reconnect interval, ``zmq_client.configure``); a connection that dies leaves the requests sent
-on it to their deadlines (the pidfd, or the timeout, decides), and the requests not yet written
-go out on the next one.
+One DEALER per supervisor (``LINGER 0``, a flat ``RECONNECT_IVL`` of 10 ms, ``MAXMSGSIZE``:
+``zmq_client.configure``), connected to ``ctl/sock``: the ROUTER of a supervisor of this release
+and of 0.2.0 to 0.4.0, the ctl door of 0.5.0 and 0.6.0 (which answers ZMTP, shared/zmtp.py), or,
+for a supervisor of 0.1.0 (no ``ctl/``), its ROUTER at ``sock`` (``RunDir.agent_sock``). libzmq
+connects when the supervisor listens and queues what is sent before: a new supervisor's hello
+goes out within 10 ms of its bind. The reply's ``Peer-Address`` holds the kernel's uid and pid
+of the process that listens (``SO_PEERCRED``), which follow.py checks against what the
+supervisor says in ``hello``.
 
 The pidfd tells the loop the moment the supervisor process ends, without polling and without
 pid-reuse races: it is opened once the supervisor's (pid, start ticks) are confirmed, and the
@@ -37,8 +31,7 @@ from typing import Any
 
 import zmq
 
-from tether.agent.link_conn import Conn, Zmtp
-from tether.shared import framing, protocol
+from tether.shared import protocol
 from tether.shared.errors import BadRequest, RemoteError, TetherError, Unreachable
 from tether.shared.procid import ProcId
 from tether.shared.timers import Timer, Timers
@@ -48,10 +41,7 @@ log = logging.getLogger("tether.agent")
 
 OnOk = Callable[[Any], None]
 OnErr = Callable[[TetherError], None]
-#: seconds between connects while nobody listens and a request waits (libzmq's, before)
-RETRY = 0.01
-#: how long a connection opened after a wordless close listens before it speaks
-PROBE = 0.2
+Sock = zmq.Socket[Any]
 
 
 @dataclass
@@ -60,7 +50,6 @@ class _Pending:
     on_ok: OnOk
     on_err: OnErr
     timer: Timer
-    payload: bytes
 
 
 class Link:
@@ -77,8 +66,8 @@ class Link:
         self.pidfd: int | None = None
         self.ident: ProcId | None = None
         self.closed = False
-        #: the kernel's pid and uid of the process that answered last (SO_PEERCRED, or the
-        #: DEALER's Peer-Address), -1 if unknown: a process cannot lie about them
+        #: the kernel's pid and uid of the process that answered last (Peer-Address), -1 if
+        #: unknown: taken from SO_PEERCRED, so a process cannot lie about them
         self.peer_pid = -1
         self.peer_uid = -1
         #: the protocol version negotiated by ``hello`` (None before): every later request on
@@ -86,52 +75,20 @@ class Link:
         #: version; the release it answered with, for messages
         self.protocol: int | None = None
         self.release = "?"
-        #: the peer serves ZeroMQ (before 0.5.0): every request goes through a DEALER
-        self.legacy = False
-        #: native: (request id, frame) not handed to a connection yet (none open, or it
-        #: listens first); a request no longer waited for is never sent
-        self.queue: list[tuple[int, bytes]] = []
-        self.retry: Timer | None = None
-        #: the open connection listens before it speaks until this fires (see the docstring)
-        self.probe: Timer | None = None
-        #: called when the socket is replaced (either may be None: no connection), so the
-        #: poller can follow
-        self.on_reopen: Callable[[Any, Any], None] | None = None
-        #: called after each send on a ZeroMQ socket (agent/poller.py ``touched``)
-        self.on_sent: Callable[[zmq.Socket[Any]], None] | None = None
-        #: called with a native connection and whether it has bytes its buffer did not take
-        #: (agent/poller.py ``want_write``)
-        self.on_write: Callable[[Conn, bool], None] | None = None
-        self.sock: Conn | zmq.Socket[Any] | None = None
-        try:
-            self.sock = self._connect()
-        except OSError:
-            pass  # nobody listens yet: the first request tries again
+        #: called when the socket is replaced (old, new), so the poller can follow
+        self.on_reopen: Callable[[Sock, Sock], None] | None = None
+        #: called after each send on the socket (agent/poller.py ``touched``)
+        self.on_sent: Callable[[Sock], None] | None = None
+        self.sock: Sock = self._open()
 
     def __repr__(self) -> str:
         return f"<Link job={self.job}.{self.attempt} pending={sorted(self.pending)}>"
 
-    def _connect(self) -> Conn:
-        conn = Conn.open(self.path)
-        self.peer_pid, self.peer_uid = conn.peer_pid, conn.peer_uid
-        return conn
-
-    def _dealer(self) -> zmq.Socket[Any]:
-        sock: zmq.Socket[Any] = self.ctx.socket(zmq.DEALER)
+    def _open(self) -> Sock:
+        sock: Sock = self.ctx.socket(zmq.DEALER)
         configure(sock)
         sock.connect("ipc://" + self.path)
         return sock
-
-    def _replace(self, new: Conn | zmq.Socket[Any] | None) -> None:
-        """Put ``new`` in the old socket's place: the poller is told first, then the old one
-        is closed (its fd number must not be reused while the poller still watches it)."""
-        old, self.sock = self.sock, new
-        if self.on_reopen is not None and (old is not None or new is not None):
-            self.on_reopen(old, new)
-        if isinstance(old, Conn):
-            old.close()
-        elif old is not None:
-            old.close(linger=0)
 
     @property
     def target(self) -> dict[str, int]:
@@ -148,142 +105,17 @@ class Link:
         rid = next(self._ids)
         payload = protocol.encode_request(protocol.Request(id=rid, kind=kind, args=args, v=v))
         timer = self.timers.at(time.monotonic() + timeout, lambda: self._expire(rid, timeout))
-        self.pending[rid] = _Pending(kind, on_ok, on_err, timer, payload)
-        if self.legacy:
-            self._send_zmq(rid, payload)
-            return
-        self.queue.append((rid, framing.frame(payload)))
-        self._pump()
-
-    def _send_zmq(self, rid: int, payload: bytes) -> None:
-        assert isinstance(self.sock, zmq.Socket)
+        self.pending[rid] = _Pending(kind, on_ok, on_err, timer)
         try:
+            # queued by libzmq until the connection exists (a supervisor not listening yet)
             self.sock.send(payload, zmq.NOBLOCK)
         except zmq.ZMQError as exc:
-            pend = self.pending.pop(rid)
-            pend.timer.cancel()
-            pend.on_err(Unreachable(f"cannot send {pend.kind!r} to {self.path}: {exc}"))
+            del self.pending[rid]
+            timer.cancel()
+            on_err(Unreachable(f"cannot send {kind!r} to {self.path}: {exc}"))
             return
         if self.on_sent is not None:
             self.on_sent(self.sock)
-
-    # ---- the native connection ----------------------------------------------------------
-
-    def _pump(self) -> None:
-        """Hand the queued frames to the connection (opening one if none is open and no
-        retry is due) and write what its buffer takes."""
-        if self.closed or self.legacy:
-            return
-        self.queue = [item for item in self.queue if item[0] in self.pending]
-        if self.sock is None:
-            if self.retry is not None or not self.queue:
-                return
-            try:
-                new = self._connect()
-            except OSError:
-                self.retry = self.timers.at(time.monotonic() + RETRY, self._retry)
-                return
-            self._replace(new)
-        conn = self.sock
-        assert isinstance(conn, Conn)
-        if self.probe is None and self.queue:
-            conn.out.extend(self.queue)
-            self.queue.clear()
-        try:
-            conn.flush()
-        except OSError:
-            self._dead(conn)
-            return
-        if self.on_write is not None:
-            self.on_write(conn, conn.wants_write)
-
-    def _retry(self) -> None:
-        self.retry = None
-        self._pump()
-
-    def _stop(self, *, retry: bool = False) -> None:
-        """Cancel the listen-first window (and the connect retry, with ``retry``)."""
-        if self.probe is not None:
-            self.probe.cancel()
-            self.probe = None
-        if retry and self.retry is not None:
-            self.retry.cancel()
-            self.retry = None
-
-    def _dead(self, conn: Conn) -> None:
-        """The connection closed or failed: requests sent on it wait for their deadlines;
-        those not written yet go out on the next one. A fresh connection closed without a
-        word while requests waited may mean a libzmq ROUTER: the next one listens first."""
-        if conn is not self.sock:
-            return  # replaced already: what it held was dealt with then
-        self.queue[:0] = conn.frames_unsent()
-        suspect = not conn.heard and bool(self.pending)
-        self._replace(None)
-        self._stop()
-        if not suspect:
-            self._pump()
-            return
-        try:
-            new = self._connect()
-        except OSError:
-            self._pump()  # gone, or not listening: retried while something waits
-            return
-        self._replace(new)
-        self.probe = self.timers.at(time.monotonic() + PROBE, self._probed)
-
-    def _probed(self) -> None:
-        """The listening connection heard nothing: a door (which never speaks first)."""
-        self.probe = None
-        self._pump()
-
-    def _to_legacy(self) -> None:
-        """The peer greeted in ZMTP: from now on a DEALER, and every request in flight goes
-        again on it (the ROUTER's handshake refused our frames: none reached the supervisor)."""
-        log.info("job %d: its supervisor serves ZeroMQ (before 0.5.0): talking to it through a "
-                 "DEALER", self.job)
-        self.legacy = True
-        self.queue.clear()
-        self._stop(retry=True)
-        self._replace(self._dealer())
-        for rid in list(self.pending):
-            if rid in self.pending:
-                self._send_zmq(rid, self.pending[rid].payload)
-
-    def _read_native(self, conn: Conn) -> None:
-        try:
-            conn.flush()
-        except OSError:
-            pass  # the receive below finds the connection's end
-        try:
-            frames, eof = conn.receive()
-        except Zmtp:
-            self._to_legacy()
-            return
-        except framing.FrameTooLarge as exc:
-            log.warning("job %d: its supervisor sent a bad frame (%s): reconnecting",
-                        self.job, exc)
-            frames, eof = [], True
-            conn.heard = True
-        except OSError as exc:
-            log.warning("job %d: reading from its supervisor: %s", self.job, exc)
-            frames, eof = [], True
-        spoke = self.probe is not None and conn.heard
-        if spoke:
-            self._stop()  # it spoke first, and not in ZMTP: a door (a refusal, say)
-        # what it said first (a refusal fails what waits), then its end, then what waited to
-        # go out: never onto a connection that is already gone
-        for payload in frames:
-            self._deliver(payload)
-            if self.closed or self.sock is not conn:
-                return
-        if eof:
-            self._dead(conn)
-        elif spoke:
-            self._pump()
-        elif self.on_write is not None:
-            self.on_write(conn, conn.wants_write)
-
-    # ---- replies ------------------------------------------------------------------------
 
     def _expire(self, rid: int, timeout: float) -> None:
         pend = self.pending.pop(rid, None)
@@ -295,14 +127,14 @@ class Link:
             f"{timeout:g}s"))
 
     def _reopen(self) -> None:
+        """A fresh DEALER in the old one's place: the poller is told first, then the old one is
+        closed with linger 0 (what it queued is never delivered)."""
         if self.closed:
             return
-        if self.legacy:
-            self._replace(self._dealer())
-        else:  # the next request connects afresh
-            self.queue.clear()
-            self._stop()
-            self._replace(None)
+        old, self.sock = self.sock, self._open()
+        if self.on_reopen is not None:
+            self.on_reopen(old, self.sock)
+        old.close(linger=0)
         # every other request in flight went out on the old socket: it will never be answered
         # (a callback may drop the link, which forgets the rest: ``close``)
         for rid in list(self.pending):
@@ -313,10 +145,8 @@ class Link:
             pend.on_err(Unreachable(f"connection to {self.path} was reset"))
 
     def readable(self) -> None:
-        if isinstance(self.sock, Conn):
-            self._read_native(self.sock)
-            return
-        while not self.closed and isinstance(self.sock, zmq.Socket):
+        """Every reply waiting (until ``Again``: the socket's fd is edge-like, poller.py)."""
+        while not self.closed:
             try:
                 frame = self.sock.recv(zmq.NOBLOCK, copy=False)
             except zmq.Again:
@@ -335,9 +165,8 @@ class Link:
             log.warning("job %d: undecodable reply from its supervisor: %s", self.job, exc)
             return
         if reply.id is None and not reply.ok:
-            # The peer could not read some frame of ours (or refused the connection): we
-            # cannot tell which request, so every one in flight gets the error (the
-            # protocol's rule for id-less errors).
+            # The peer could not read some frame of ours: we cannot tell which request, so
+            # every one in flight gets the error (the protocol's rule for id-less errors).
             log.warning("job %d: supervisor could not decode a request: %s", self.job,
                         reply.message)
             for rid in list(self.pending):
@@ -380,13 +209,7 @@ class Link:
         for pend in self.pending.values():
             pend.timer.cancel()
         self.pending.clear()
-        self._stop(retry=True)
-        self.queue.clear()
-        sock, self.sock = self.sock, None
-        if isinstance(sock, Conn):
-            sock.close()
-        elif sock is not None:
-            sock.close(linger=0)
+        self.sock.close(linger=0)
         if self.pidfd is not None:
             os.close(self.pidfd)
             self.pidfd = None

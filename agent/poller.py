@@ -2,8 +2,7 @@
 
 Why. ``zmq.Poller.poll`` hands every registered socket and fd to ``zmq_poll`` on every call,
 which asks each ZeroMQ socket for its events: each turn of the loop cost O(registered), and the
-agent registered two per live supervisor (its DEALER, now a native connection, and its pidfd).
-With 300 steps running, a
+agent registers two per live supervisor (its DEALER and its pidfd). With 300 steps running, a
 ``true`` job cost the loop ~3 ms of CPU more than on an idle node (1,000 steps: 0.74 ms a turn,
 ~6 turns a job). Here a turn costs O(ready).
 
@@ -40,8 +39,6 @@ class Poller:
         self.check: set[zmq.Socket[Any]] = set()
         #: fds unregistered since the last poll (``stale``)
         self.dropped: set[int] = set()
-        #: plain fds also watched for "writable" (``want_write``)
-        self.writing: set[int] = set()
 
     def register(self, item: Any, flags: int = POLLIN) -> None:
         """Watch ``item`` for input (``flags`` is accepted for zmq.Poller's sake: input only)."""
@@ -56,7 +53,6 @@ class Poller:
         except FileExistsError:  # the fd was reused while still registered: it is this now
             self.ep.modify(fd, select.EPOLLIN)
         self.items[fd] = item
-        self.writing.discard(fd)
 
     def unregister(self, item: Any) -> None:
         """Stop watching ``item``; KeyError if it is not watched (as zmq.Poller)."""
@@ -68,25 +64,11 @@ class Poller:
             if fd not in self.items:
                 raise KeyError(item)
         del self.items[fd]
-        self.writing.discard(fd)
         self.dropped.add(fd)
         try:
             self.ep.unregister(fd)
         except (FileNotFoundError, OSError):  # closed already: the epoll forgot it itself
             pass
-
-    def want_write(self, item: Any, on: bool) -> None:
-        """Also report the plain fd ``item`` (registered) while it can be written to (``on``):
-        a native link with bytes its socket's buffer did not take yet (agent/link_conn.py).
-        Its readiness comes back as input, like the rest: its reader writes first."""
-        fd = item if isinstance(item, int) else item.fileno()
-        if fd not in self.items or (fd in self.writing) == on:
-            return  # asked after every send and read: the system call only on a change
-        if on:
-            self.writing.add(fd)
-        else:
-            self.writing.discard(fd)
-        self.ep.modify(fd, select.EPOLLIN | (select.EPOLLOUT if on else 0))
 
     def touched(self, sock: zmq.Socket[Any]) -> None:
         """``sock`` was sent on: ask its events at the next poll (see the module's doc)."""

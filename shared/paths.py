@@ -11,9 +11,8 @@
         spec.json  what to run, written by the agent before the spawn
         sock       the supervisor's door (plain AF_UNIX, any local user)
         ctl/       0700: only the agent's uid may enter
-            sock   the supervisor's ctl door, for the agent (native frames; ZMTP from an agent
-                   before 0.5.0) (tether 0.1: ``sock`` above; 0.2-0.4 served it with a
-                   ZeroMQ ROUTER)
+            sock   the supervisor's ZeroMQ ROUTER, for the agent (supervisor/ctl.py; 0.5-0.6
+                   served it with a door answering ZMTP) (tether 0.1: ``sock`` above)
         manifest.json  identities and phase, written by the supervisor (ready, launching, running)
         exit.json  the exit sentinel, written once the last task is reaped
 

@@ -8,6 +8,12 @@ format itself: greeting, READY (``Socket-Type`` ROUTER), then one-frame messages
 connection keeps every cap of the door, and its peer is still the kernel's ``SO_PEERCRED``: no
 routing id exists here at all.
 
+Where it still serves: the doors (the agent's, each supervisor's at ``sock``) for 0.1 clients,
+and the door a supervisor resumed from a handover-format-1 image serves the agent with at
+``sock``. The agent's link to this release's supervisors is libzmq on both ends (ctl.py), and a
+0.5/0.6 supervisor's ctl door carries its own copy of this codec. Removed in 0.8.0 with the
+rest of the 0.1 compatibility (docs/operations.md, "End of life").
+
 Only what a DEALER sends is accepted: single-frame messages of at most ``MAX_FRAME`` bytes.
 Anything else (a multi-frame message, a mechanism other than NULL, a malformed greeting) is a
 ``ZmtpError``; the door then closes the connection.

@@ -4,13 +4,14 @@ What must survive ``exec`` and how:
 - the pid, the children (the tasks, the adopted daemons) and the session: ``exec`` keeps them;
 - the run directory's lock: the locked fd is kept open (its CLOEXEC flag cleared), so the lock is
   never released, not even for an instant;
-- the sockets: the supervisor's two doors (the agent's in ctl/, everyone's at ``sock``) accept on
-  listening AF_UNIX sockets it created itself and keeps for its life (a door works on a copy of
-  the fd). Before ``exec`` the doors are closed (every reply is written as it is sent);
-  connections not yet accepted wait in the listening sockets' backlogs and the new process
-  accepts them. An image of release 0.4 or before serves the ctl socket with a ZeroMQ ROUTER
-  instead: the same listening socket, which agents reach natively or through a DEALER (both
-  ways of an upgrade work: agent/link.py tells a ROUTER by its greeting).
+- the sockets: the agent's ROUTER in ctl/ (ctl.py, through libzmq's ``ZMQ_USE_FD``) and
+  everyone's door at ``sock`` accept on listening AF_UNIX sockets the supervisor created itself
+  and keeps for its life (each works on a copy of the fd). Before ``exec`` both are closed (the
+  ROUTER delivers what it was sent, 1 s at most, and its context ends; a door writes every reply
+  as it is sent); connections not yet accepted wait in the listening sockets' backlogs and the
+  new process accepts them. An image of 0.5 or 0.6 serves the ctl socket with a door (ZMTP for
+  the agent's DEALER) instead: the same listening socket, the same DEALER, so both ways of an
+  upgrade work.
   Clients with an established connection see it close and reconnect
   (every tether client does, on a flat 10 ms interval); a request they sent into the closing
   connection is lost and times out, so everything parked (the agent's ``wait``, ``output`` and

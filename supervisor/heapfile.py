@@ -26,6 +26,12 @@ interpreter's signal handler sets flags there at any time; a library's can share
 an arena), the template's Python frames and thread descriptor (written while the snapshot runs;
 the kernel writes a thread's rseq area at any time), its stack, small mappings.
 
+Since the agent's endpoint is a ZeroMQ ROUTER again (ctl.py), every supervisor runs libzmq's
+I/O and reaper threads for its whole life, and they free memory the loop's thread allocated (a
+sent message's data, a queue's chunk) on these very pages at any moment: ``give_back`` then
+finds another thread and never discards anything (its retries end quietly). The file stays:
+it costs nothing more than the anonymous memory it replaced.
+
 What it costs: the memfd holds the template's ~12 MB once, where its anonymous memory used to
 (the originals are released); a supervisor's comparison is ~1 ms of CPU, once. Where the
 extension is missing, or ``snapshot`` fails (the template then logs why), supervisors simply

@@ -3,7 +3,7 @@
 ``request_upgrade`` checks that the installed build starts; the loop then calls ``reexec``, which
 answers everything parked, hands the state across exec (handover.py) and execs; a failed exec
 carries on as before. The new image calls ``restore`` with that state before its loop starts.
-The listening sockets (the ctl door's and the door's) stay open across the exec. A mixin of
+The listening sockets (the ctl ROUTER's and the door's) stay open across the exec. A mixin of
 ``service.Supervisor``; its state is ``state.py``'s.
 """
 
@@ -22,6 +22,7 @@ from tether.shared import protocol
 from tether.shared.door import Door
 from tether.shared.errors import LaunchError, StateError
 from tether.supervisor import handover
+from tether.supervisor.ctl import Ctl
 from tether.supervisor.pmi_io import PmiChannels
 from tether.supervisor.state import IGNORED_SIGNALS, TERMINATING, SupervisorState
 from tether.supervisor.step import Phase
@@ -82,29 +83,26 @@ class Reexec(SupervisorState):
         self.upgrade_requested = True
         return target
 
-    def ctl_path(self) -> str:
-        """Where the ctl door listens: ``ctl/sock``; for an image resumed from before the doors,
-        ``sock``, where that one bound its ROUTER (its listening socket came across the exec;
-        open to every user there, which a door is built for: each verb is authorized)."""
-        return self.rd.ctl_sock if self.door_fd >= 0 else self.rd.sock
-
     def open_doors(self) -> None:
-        """Both doors on their kept listening sockets, polled: the agent's (the ctl door) and
-        everyone's (none for an image resumed from before the doors). Until 0.5 a ZeroMQ ROUTER
-        served the agent's: an agent of 0.5.0 speaks the door's frames, one before it ZMTP
-        through its DEALER, which a door answers (zmtp.py), so agents of either release drive
-        this one, and a supervisor starts no ZeroMQ context, none of its two threads, and no
-        thread hop per message (bench/README.md)."""
-        self.ctl = self._door(self.ctl_path(), self.listen_fd, "supervisor ctl")
-        self.poller.register(self.ctl.fileno(), select.POLLIN)
+        """The agent's endpoint and everyone's door on their kept listening sockets, polled.
+        The agent's is a ZeroMQ ROUTER in ctl/ (ctl.py; its context made now, in this
+        process); for an image resumed from before the doors (no ``door_fd``: handover format
+        1) a door at ``sock``, where that image listened, open to every user: a door is built
+        for that, a ROUTER is not (docs/security.md), and the agent's DEALER speaks ZMTP to
+        it, which a door answers (zmtp.py)."""
         if self.door_fd >= 0:
+            self.ctl = Ctl(self.rd.ctl_sock, self.listen_fd, self.handle)
+            self.poller.register(self.ctl.fileno(), select.POLLIN)
             self.door = self._door(self.rd.sock, self.door_fd, "supervisor door")
             self.poller.register(self.door.fileno(), select.POLLIN)
+        else:
+            self.ctl = self._door(self.rd.sock, self.listen_fd, "supervisor ctl")
+            self.poller.register(self.ctl.fileno(), select.POLLIN)
 
     def close_doors(self, *, unlink: bool) -> None:
-        """Every connection closed (each reply was written as it was sent); the listening
-        sockets stay open: ours for life, and across an exec for the next image. ``unlink``
-        their paths (if still theirs) unless that image is to listen there."""
+        """Every connection closed, the ROUTER's last replies delivered (ctl.py); the
+        listening sockets stay open: ours for life, and across an exec for the next image.
+        ``unlink`` their paths (if still theirs) unless that image is to listen there."""
         for door in (self.ctl, self.door):
             if door is not None:
                 self.poller.unregister(door.fileno())

@@ -1,11 +1,12 @@
 """The supervisor's requests: both transports, one dispatch, and the /proc scans some wait for.
 
-The agent speaks through the ctl door (``ctl/sock``, inside a 0700 directory), people through the
-door (``sock``); every request from either goes through ``handle`` into ``handlers.dispatch`` (one
-table, one authorization by the kernel's credentials of the connection), and every reply leaves
-through ``reply`` by the door it came in on. ``pids`` and ``stats`` need a /proc scan
-that begins after the request: it runs on a thread (sweeper.Scan) and the reply is computed on the
-loop when the scan is in. A mixin of ``service.Supervisor``; its state is ``state.py``'s.
+The agent speaks through the ROUTER on ``ctl/sock`` (inside a 0700 directory, ctl.py), people
+through the door (``sock``); every request from either goes through ``handle`` into
+``handlers.dispatch`` (one table, one authorization by the kernel's credentials of the
+connection), and every reply leaves through ``reply`` by the endpoint it came in on. ``pids``
+and ``stats`` need a /proc scan that begins after the request: it runs on a thread
+(sweeper.Scan) and the reply is computed on the loop when the scan is in. A mixin of
+``service.Supervisor``; its state is ``state.py``'s.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from tether.shared.door import answer
 from tether.shared.door_conn import Conn
 from tether.shared.errors import TetherError
 from tether.supervisor import handlers
+from tether.supervisor.ctl import Ctl
 from tether.supervisor.state import PENDING, Peer, ScanReply, SupervisorState
 
 if TYPE_CHECKING:
@@ -35,6 +37,12 @@ class Requests(SupervisorState):
     def on_door_request(self, conn: Conn, req: protocol.Request) -> None:
         self.handle(conn, req)
 
+    def settle_ctl(self) -> None:
+        """After a turn of the loop: the agent's requests whose wake-up a send may have taken
+        (ctl.py, "Polling")."""
+        if isinstance(self.ctl, Ctl):
+            self.ctl.settle()
+
     def on_door_close(self, conn: Conn) -> None:
         for lot in (self.waiters, self.followers, self.event_waiters, self.claims,
                     self.scan_waiters):
@@ -44,7 +52,8 @@ class Requests(SupervisorState):
         """One request from either transport: the same verbs, the same authorization."""
         sup = cast("Supervisor", self)  # this part exists only mixed into a Supervisor
         answer(lambda: handlers.dispatch(sup, peer, req), req, peer,
-               lambda r: self.reply(peer, r), log, PENDING, peer.door)
+               lambda r: self.reply(peer, r), log, PENDING,
+               peer.door if isinstance(peer, Conn) else None)
         sup.give_back_again()  # what handling it copied of the template's pages, if quiet before
 
     def after_scan(self, peer: Peer, rid: protocol.RequestId, compute: ScanReply) -> None:
@@ -79,6 +88,10 @@ class Requests(SupervisorState):
             self.scans.start()
 
     def reply(self, peer: Peer, reply: protocol.Reply) -> None:
-        """By the door ``peer`` came in by (one closed since drops it, as its connection's)."""
-        if peer.door is not None:
+        """By the endpoint ``peer`` came in by (one closed since drops it, as its
+        connection's)."""
+        if isinstance(peer, Conn):
+            if peer.door is not None:
+                peer.door.send(peer, reply)
+        else:
             peer.door.send(peer, reply)

@@ -1,10 +1,10 @@
 """The supervisor's one event loop (I/O).
 
-Theory of operation. One thread polls: the two doors (the agent's in ctl/, everyone's at
-``sock``), the read end of a socketpair that signal handlers wake (``signal.set_wakeup_fd``: the
-handlers themselves do nothing), the PMI ranks' sockets, and a heap of timers. Nothing blocks
-anywhere else, and no other thread exists but for the short-lived ones a launch or a /proc scan
-starts.
+Theory of operation. One thread polls: the agent's ROUTER in ctl/ (ctl.py) and everyone's door
+at ``sock``, the read end of a socketpair that signal handlers wake (``signal.set_wakeup_fd``:
+the handlers themselves do nothing), the PMI ranks' sockets, and a heap of timers. Nothing
+blocks anywhere else, and no other thread exists but libzmq's two (I/O and reaper, which run
+no Python) and the short-lived ones a launch or a /proc scan starts.
 
 Races this loop is built around:
 - A task's exit and a request about it arrive in the same wake-up: signals are handled first, so
@@ -76,7 +76,7 @@ class Supervisor(Requests, Claims, Terminating, Reaping, PmiLoop, Recording, Fol
             signal.signal(sig, _wake_only)
         # only now: a re-executed supervisor arrives with these blocked (handover.py)
         signal.pthread_sigmask(signal.SIG_SETMASK, [])
-        # The agent's door inside ctl/ (0700): no other user can even connect to it. People
+        # The agent's ROUTER inside ctl/ (0700): no other user can even connect to it. People
         # come through the door at ``sock``. Every request, on either, is authorized per verb
         # by the kernel's credentials of its connection. Both listening sockets are kept
         # across an upgrade's exec (handover.py).
@@ -89,8 +89,8 @@ class Supervisor(Requests, Claims, Terminating, Reaping, PmiLoop, Recording, Fol
                 os.umask(old_umask)
             self.door_fd = listen_socket(self.rd.sock)
         # Both sockets listen: the agent may connect now. Its connection waits in the kernel's
-        # backlog while the doors are set up, which the agent's own work to connect and say
-        # hello overlaps.
+        # backlog while ZeroMQ starts (the context, the ROUTER on that socket) and the door is
+        # set up, which the agent's own work to connect and say hello overlaps.
         self.signal_ready()
         if faults.supervisor_fault("hold-after-ready"):
             hold(self.rd.path, "ready")
@@ -138,6 +138,7 @@ class Supervisor(Requests, Claims, Terminating, Reaping, PmiLoop, Recording, Fol
                     if self.channels is not None:
                         self.pmi_events(events)
                     self.timers.run_due(time.monotonic())
+                    self.settle_ctl()  # the agent's requests a send's wake-up may have hidden
                 except Exception:
                     # Crash-only: requests and launches handle their own errors; anything else
                     # means this process cannot be trusted to go on. Its tasks are killed, so
@@ -149,7 +150,7 @@ class Supervisor(Requests, Claims, Terminating, Reaping, PmiLoop, Recording, Fol
                     status = 3
                     break
         finally:
-            self.close_doors(unlink=True)  # the last reply (to ``ack``) has been written
+            self.close_doors(unlink=True)  # the last reply (to ``ack``) is delivered first
             os.close(self.listen_fd)
             if self.door_fd >= 0:
                 os.close(self.door_fd)

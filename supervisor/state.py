@@ -30,6 +30,7 @@ from tether.shared.procid import ProcId
 from tether.shared.step_cgroup import StepCgroup
 from tether.shared.timers import Timer, Timers
 from tether.supervisor import introspect
+from tether.supervisor.ctl import Ctl, CtlPeer
 from tether.supervisor.launch import Launcher
 from tether.supervisor.opener import Opener, ThreadOpener
 from tether.supervisor.pmi import DEFAULT_MAX_STORE_BYTES, Output, PmiServer
@@ -42,9 +43,9 @@ log = logging.getLogger("tether.supervisor")
 TERMINATING = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 IGNORED_SIGNALS = (signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 
-#: who sent a request: a connection to the ctl door (the agent) or to the door (anyone); its
-#: uid, gid and pid are the kernel's (SO_PEERCRED)
-Peer = Conn
+#: who sent a request: the agent on the ctl ROUTER (ctl.py) or a connection to the door
+#: (anyone); its uid, gid and pid are the kernel's (SO_PEERCRED)
+Peer = Conn | CtlPeer
 #: Returned by a handler (handlers.py) that will answer later: a long poll, a /proc scan.
 PENDING = object()
 #: computes a reply from a /proc scan's processes (``after_scan``)
@@ -143,8 +144,9 @@ class SupervisorState:
         self.claim_timer: Timer | None = None
         #: writes the ``ready`` manifest if no claim came soon (service.py); a claim cancels it
         self.ready_timer: Timer | None = None
-        #: the agent's door: ``ctl/sock`` (a 0700 directory), the listening socket ``listen_fd``
-        self.ctl: Door | None = None
+        #: the agent's endpoint: a ROUTER on ``ctl/sock`` (a 0700 directory, ctl.py), on the
+        #: listening socket ``listen_fd``; a door on ``sock`` for an image resumed from format 1
+        self.ctl: Ctl | Door | None = None
         #: everyone's door: ``sock``, the listening socket ``door_fd``
         self.door: Door | None = None
         self.follow_timer: Timer | None = None
@@ -238,6 +240,9 @@ class SupervisorState:
         raise NotImplementedError
 
     # requests.py
+    def handle(self, peer: Peer, req: protocol.Request) -> None:
+        raise NotImplementedError
+
     def on_door_close(self, conn: Conn) -> None:
         raise NotImplementedError
 

@@ -1,37 +1,37 @@
 """The warm supervisor template: ``python -I -m tether.supervisor.template --socket PATH``.
 
 Theory of operation. A cold supervisor spends ~85 ms starting Python and importing; this process
-pays that once. It imports everything a supervisor ever loads, configures the supervisors'
-logging, creates no ZeroMQ context and no thread, moves every object it made into the permanent
-GC generation (``gc.freeze``: the collector then never writes to those pages, so forked
-children keep sharing them), and waits on
-a ``SOCK_SEQPACKET`` socket only its own uid can use (0600 file, ``SO_PEERCRED`` checked). For
-each spawn request (the run directory, the supervisor's environment and umask; the run-dir lock,
-``supervisors.log`` and the ready pipe as SCM_RIGHTS fds) it forks the supervisor as its
-*sibling*: ``clone(CLONE_PARENT)`` makes the child's parent this process's parent (init or the
-nearest subreaper: the template itself was started detached), exactly the parent a double fork
-would leave it with once the middle child exited, and the child starts a session of its own
-(``setsid``: it leads it, as systemd's services and containerd's shims lead theirs; it opens no
-terminal). The template replies with the child's pid and never waits for it: not its child.
-Why not the double fork the cold path's shell does: the middle child cost a job ~3.7 ms of CPU
-(a second copy of the page tables, their teardown at its exit, and the copy-on-write faults of
-its Python at-fork work; bench/README.md), a quarter of the template's share of a job. Where
-the kernel refuses ``CLONE_PARENT`` (this process is a namespace's init), a seccomp policy does,
-or the architecture's clone number is unknown here, the template forks twice instead, as it did
-before, and says so once.
+pays that once. It imports everything a supervisor ever loads (pyzmq among them: the agent's
+ROUTER, ctl.py), configures the supervisors' logging, creates no ZeroMQ context (each supervisor
+makes its own after the fork, with libzmq's two threads) and no thread, moves every object it made
+into the permanent GC generation (``gc.freeze``: the collector then never writes to those pages, so
+forked children keep sharing them), and waits on a ``SOCK_SEQPACKET`` socket only its own uid can
+use (0600 file, ``SO_PEERCRED`` checked). For each spawn request (the run directory, the
+supervisor's environment and umask; the run-dir lock, ``supervisors.log`` and the ready pipe as
+SCM_RIGHTS fds) it forks the supervisor as its *sibling*: ``clone(CLONE_PARENT)`` makes the child's
+parent this process's parent (init or the nearest subreaper: the template itself was started
+detached), exactly the parent a double fork would leave it with once the middle child exited, and
+the child starts a session of its own (``setsid``: it leads it, as systemd's services and
+containerd's shims lead theirs; it opens no terminal). The template replies with the child's pid
+and never waits for it: not its child. Why not the double fork the cold path's shell does: the
+middle child cost a job ~3.7 ms of CPU (a second copy of the page tables, their teardown at its
+exit, and the copy-on-write faults of its Python at-fork work; bench/README.md), a quarter of the
+template's share of a job. Where the kernel refuses ``CLONE_PARENT`` (this process is a namespace's
+init), a seccomp policy does, or the architecture's clone number is unknown here, the template
+forks twice instead, as it did before, and says so once.
 
 ``clone`` is called through ``syscall`` with the interpreter's own fork protocol around it
-(``PyOS_BeforeFork``, ``PyOS_AfterFork_Child``/``_Parent``: what ``os.fork`` does around
-``fork``), with the GIL held as ``os.fork`` holds it. What libc's ``fork`` adds, and why a
-single-threaded process without it is sound: its ``pthread_atfork`` handlers (none: of the
-shared objects this process maps, none imports ``pthread_atfork`` or ``__register_atfork``, by
-``nm -D``; no supervisor module imports ZeroMQ, hashlib or shutil, so neither libzmq nor
-libcrypto, libbz2 or liblzma is mapped: tests/test_template.py), its malloc and stdio locks
-(taken only when other threads exist: there are none), the robust-mutex list (none used) and the
-cached thread id in the child's thread descriptor (left at the template's; glibc reads it only
-for another thread's signals and for robust or priority-inheriting mutexes: ``raise`` and
-``pthread_kill`` of oneself ask the kernel for the id since glibc 2.34, because a ``vfork``
-child has the same stale id).
+(``PyOS_BeforeFork``, ``PyOS_AfterFork_Child``/``_Parent``: what ``os.fork`` does around ``fork``),
+with the GIL held as ``os.fork`` holds it. What libc's ``fork`` adds, and why a single-threaded
+process without it is sound: its ``pthread_atfork`` handlers (none: of the shared objects this
+process maps, none imports ``pthread_atfork`` or ``__register_atfork``, by ``nm -D``, pyzmq's
+libzmq and libsodium included; no supervisor module imports hashlib or shutil, so neither
+libcrypto, libbz2 nor liblzma is mapped: tests/test_template.py), its malloc and stdio locks (taken
+only when other threads exist: there are none), the robust-mutex list (none used) and the cached
+thread id in the child's thread descriptor (left at the template's; glibc reads it only for another
+thread's signals and for robust or priority-inheriting mutexes: ``raise`` and ``pthread_kill`` of
+oneself ask the kernel for the id since glibc 2.34, because a ``vfork`` child has the same stale
+id).
 
 What a supervisor must not inherit from here, and how it is prevented (``become_supervisor``):
 - fds: every fd but stdin (/dev/null), stdout and stderr (the log), the lock and the ready pipe

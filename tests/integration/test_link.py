@@ -1,6 +1,7 @@
-"""The agent's link to a supervisor (agent/link.py) against real peers in their own processes:
-a door's native frames, a libzmq ROUTER (the supervisors before 0.5.0), a ROUTER that closes
-before its greeting, a peer that binds late, one that reads late, and the agent's own poller."""
+"""The agent's link to a supervisor (agent/link.py: one DEALER) against real peers in their own
+processes: this release's ROUTER (supervisor/ctl.py), the ctl door of 0.5.0 and 0.6.0 (ZMTP
+answered by hand), a plain libzmq ROUTER (0.2.0 to 0.4.0), a peer that binds late, one that
+never answers and one that refuses, through the agent's own poller."""
 
 from __future__ import annotations
 
@@ -15,16 +16,16 @@ from typing import Any
 import pytest
 import zmq
 
-from tether.agent import link as link_mod
 from tether.agent.link import Link
 from tether.agent.poller import Poller
 from tether.shared.errors import TetherError
 from tether.shared.timers import Timers
 
 PEER = r"""
-import os, socket, sys, time
-import msgpack, zmq
-from tether.shared import framing, protocol, zmtp
+import os, select, socket, sys, time
+import zmq
+from tether.shared import protocol, zmtp
+from tether.shared.errors import Busy
 
 mode, path, log = sys.argv[1], sys.argv[2], sys.argv[3]
 
@@ -32,20 +33,36 @@ def note(text):
     with open(log, "a") as f:
         f.write(text + "\n")
 
-def answer(payload):
-    req = protocol.decode_request(payload)
+def result(req, **more):
     note(f"request {req.kind} {req.id}")
-    return protocol.encode_reply(protocol.ok(req.id, {"pong": req.kind, "pid": os.getpid()}))
+    return {"pong": req.kind, "pid": os.getpid(), **more}
 
-if mode == "router":  # a supervisor of 0.2.0 to 0.4.0: a libzmq ROUTER
-    ctx = zmq.Context(); s = ctx.socket(zmq.ROUTER); s.bind("ipc://" + path)
+def go():
+    while not os.path.exists(log + ".go"):
+        time.sleep(0.01)
+
+if mode in ("ctl", "ctl-exit"):  # this release's supervisor: ctl.py on a kept listening socket
+    from tether.supervisor import handover
+    from tether.supervisor.ctl import Ctl
+    done = []
+    def on_request(peer, req):
+        more = {"blob": "x" * 600_000} if mode == "ctl-exit" else {}  # over a socket's buffer
+        peer.door.send(peer, protocol.ok(req.id, result(req, uid=peer.uid, peer_pid=peer.pid,
+                                                        **more)))
+        done.append(req.kind == "ack" and mode == "ctl-exit")
+    ctl = Ctl(path, handover.listen(path), on_request)
     print("bound", flush=True)
-    while True:
-        ident, data = s.recv_multipart()
-        s.send_multipart([ident, answer(data)])
+    p = select.poll()
+    p.register(ctl.fileno(), select.POLLIN)
+    while not any(done):
+        p.poll(1000)
+        ctl.service()
+        ctl.settle()
+    ctl.close(unlink=True)  # as the supervisor's exit after ``ack``: the reply leaves first
+    note("closed")
+    sys.exit(0)
 
-if mode == "busy":  # a door over its connection caps: one id-less error, then the close
-    from tether.shared.errors import Busy
+if mode == "door":  # a supervisor of 0.5.0 or 0.6.0: a door answering the DEALER's ZMTP
     srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     srv.bind(path)
     srv.listen(16)
@@ -53,56 +70,36 @@ if mode == "busy":  # a door over its connection caps: one id-less error, then t
     while True:
         conn, _ = srv.accept()
         note("connection")
-        while not os.path.exists(log + ".go"):
-            time.sleep(0.01)
-        conn.sendall(framing.frame(protocol.encode_reply(protocol.error(None, Busy("busy")))))
+        codec = zmtp.Codec()
+        conn.sendall(codec.output())
+        while data := conn.recv(1 << 16):
+            codec.feed(data)
+            out = codec.output()
+            while (payload := codec.next()) is not None:
+                req = protocol.decode_request(payload)
+                out += codec.frame(protocol.encode_reply(protocol.ok(req.id, result(req))))
+            out += codec.output()
+            if out:
+                conn.sendall(out)
         conn.close()
 
-if mode == "late":  # a door that binds only after a while
+# a libzmq ROUTER: supervisors of 0.2.0 to 0.4.0 (and 0.1.0, at sock)
+if mode == "late":  # one that binds only after a while
     time.sleep(float(sys.argv[4]))
-srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-srv.bind(path)
-srv.listen(16)
+ctx = zmq.Context(); s = ctx.socket(zmq.ROUTER); s.bind("ipc://" + path)
 print("bound", flush=True)
-n = 0
 while True:
-    conn, _ = srv.accept()
-    n += 1
-    note(f"connection {n}")
-    if mode in ("wordless-then-zmtp", "wordless-then-door", "wordless-then-busy") and n == 1:
-        conn.recv(1 << 16)  # what a ROUTER does with a frame that is no greeting
-        conn.close()
+    ident, data = s.recv_multipart()
+    req = protocol.decode_request(data)
+    if mode == "mute":  # takes requests, never answers
+        note(f"request {req.kind} {req.id}")
         continue
-    if mode == "wordless-then-busy" and n == 2:  # then refuses the listening one, first
-        from tether.shared.errors import Busy
-        while not os.path.exists(log + ".go"):
-            time.sleep(0.01)
-        conn.sendall(framing.frame(protocol.encode_reply(protocol.error(None, Busy("busy")))))
-        conn.close()
+    if mode == "busy":  # a refusal that names no request
+        note(f"request {req.kind} {req.id}")
+        go()
+        s.send_multipart([ident, protocol.encode_reply(protocol.error(None, Busy("busy")))])
         continue
-    if mode == "wordless-then-zmtp":
-        codec = zmtp.Codec()
-    else:
-        codec = framing.Deframer()
-    if mode == "slow-reader":
-        while not os.path.exists(log + ".go"):
-            time.sleep(0.01)
-    conn.sendall(codec.output())
-    while True:
-        data = conn.recv(1 << 16)
-        if not data:
-            break
-        codec.feed(data)
-        out = codec.output()
-        while True:
-            payload = codec.next()
-            if payload is None:
-                break
-            out += codec.frame(answer(payload))
-        out += codec.output()
-        if out:
-            conn.sendall(out)
-    conn.close()
+    s.send_multipart([ident, protocol.encode_reply(protocol.ok(req.id, result(req)))])
 """
 
 
@@ -114,17 +111,13 @@ class Loop:
         self.timers = Timers()
         self.ctx: zmq.Context[Any] = zmq.Context()
         self.link = Link(self.ctx, self.timers, 1, 1, path)
-        if self.link.sock is not None:
-            self.poller.register(self.link.sock)
+        self.poller.register(self.link.sock)
 
         def reopened(old: Any, new: Any) -> None:
-            if old is not None:
-                self.poller.unregister(old)
-            if new is not None:
-                self.poller.register(new)
+            self.poller.unregister(old)
+            self.poller.register(new)
         self.link.on_reopen = reopened
         self.link.on_sent = self.poller.touched
-        self.link.on_write = self.poller.want_write
 
     def call(self, kind: str, args: dict[str, Any] | None = None,
              timeout: float = 10.0) -> Callable[[], Any]:
@@ -158,7 +151,7 @@ class Loop:
         self.close()
 
     def close(self) -> None:
-        if self.link.sock is not None:
+        if not self.link.closed:
             self.poller.unregister(self.link.sock)
         self.link.close()
         self.poller.close()
@@ -197,83 +190,75 @@ def requests_seen(log: str) -> list[str]:
         return [line.split()[1] for line in f if line.startswith("request")]
 
 
-def connections(log: str) -> int:
-    try:
+def test_this_releases_router_answers_in_order_of_readiness_with_the_kernels_names(
+        peers: Any) -> None:
+    """supervisor/ctl.py against the link: pipelined requests each answered (the ROUTER's fd
+    drained until Again), the agent's uid and pid from Peer-Address on the ROUTER's side and
+    the supervisor's on the DEALER's."""
+    proc, path, log = peers("ctl")
+    with Loop(path) as loop:
+        calls = [loop.call(kind) for kind in ("hello", "claim", "wait", "ack")]
+        results = [c() for c in calls]
+        assert [r["pong"] for r in results] == ["hello", "claim", "wait", "ack"]
+        assert {(r["uid"], r["peer_pid"]) for r in results} == {(os.getuid(), os.getpid())}
+        assert (loop.link.peer_pid, loop.link.peer_uid) == (proc.pid, os.getuid())
+        assert requests_seen(log) == ["hello", "claim", "wait", "ack"]
+
+
+def test_the_reply_to_ack_reaches_the_agent_although_the_supervisor_exits_at_once(
+        peers: Any) -> None:
+    """The supervisor closes its ROUTER right after its last reply (``ack``; a large one here,
+    more than the socket's buffer takes at once): the close lingers until that reply has left
+    (ctl.py), so the agent hears it whole; the process then exits."""
+    proc, path, log = peers("ctl-exit")
+    with Loop(path) as loop:
+        reply = loop.call("ack")()
+        assert reply["pong"] == "ack" and len(reply["blob"]) == 600_000
+        assert proc.wait(timeout=10) == 0
         with open(log) as f:
-            return sum(line.startswith("connection") for line in f)
-    except FileNotFoundError:
-        return 0
+            assert f.read().splitlines()[-1] == "closed"
 
 
-def test_a_door_is_spoken_to_natively_and_named_by_the_kernel(peers: Any) -> None:
+def test_a_door_of_0_5_and_0_6_is_driven_through_its_zmtp(peers: Any) -> None:
     proc, path, log = peers("door")
     with Loop(path) as loop:
-        assert loop.link.peer_pid == proc.pid and loop.link.peer_uid == os.getuid()
         first, second = loop.call("hello"), loop.call("wait")
         assert second() == {"pong": "wait", "pid": proc.pid}
         assert first()["pong"] == "hello"
-        assert not loop.link.legacy
+        assert loop.link.peer_pid == proc.pid and loop.link.peer_uid == os.getuid()
         assert requests_seen(log) == ["hello", "wait"]
 
 
-def test_a_router_before_0_5_gets_its_requests_through_a_dealer(peers: Any) -> None:
+def test_a_router_before_0_5_is_driven_as_ever(peers: Any) -> None:
     proc, path, log = peers("router")
     with Loop(path) as loop:
         assert loop.call("hello")() == {"pong": "hello", "pid": proc.pid}
-        assert loop.link.legacy and isinstance(loop.link.sock, zmq.Socket)
-        assert loop.link.peer_pid == proc.pid  # Peer-Address, as before
+        assert loop.link.peer_pid == proc.pid  # Peer-Address
         assert loop.call("wait")()["pong"] == "wait"
         assert requests_seen(log) == ["hello", "wait"]
-
-
-def test_a_router_closing_before_its_greeting_is_found_by_listening_first(
-        peers: Any) -> None:
-    """libzmq may read our frame and drop the connection before it sends its greeting: the
-    link's next connection listens first, hears ZMTP, and the request goes again, once."""
-    proc, path, log = peers("wordless-then-zmtp")
-    with Loop(path) as loop:
-        assert loop.call("claim")() == {"pong": "claim", "pid": proc.pid}
-        assert loop.link.legacy
-        assert requests_seen(log) == ["claim"]
-
-
-def test_a_door_that_closed_a_connection_wordlessly_is_not_sent_the_request_again(
-        peers: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The same close from a door (one re-executing, say) may have followed the request's
-    work: the request waits for its deadline, as on a DEALER; later ones go natively."""
-    monkeypatch.setattr(link_mod, "PROBE", 0.05)
-    proc, path, log = peers("wordless-then-door")
-    with Loop(path) as loop:
-        lost = loop.call("terminate", timeout=1.0)
-        loop.run(lambda: connections(log) == 2 and loop.link.probe is None, 5,
-                 "a second connection, listening first, to give up")
-        assert loop.call("wait")()["pong"] == "wait"
-        with pytest.raises(TetherError, match="did not answer 'terminate' within 1s"):
-            lost()
-        assert not loop.link.legacy
-        assert requests_seen(log) == ["wait"]  # the first connection read and dropped it
 
 
 def test_a_peer_that_binds_late_gets_the_request_once_it_listens(peers: Any) -> None:
     proc, path, log = peers("late", "0.3", wait_bound=False)
     with Loop(path) as loop:
-        assert loop.link.sock is None  # nobody listened yet
         assert loop.call("hello")()["pid"] == proc.pid
         assert requests_seen(log) == ["hello"]
 
 
-def test_a_request_larger_than_the_socket_buffer_never_blocks_the_loop(peers: Any) -> None:
-    proc, path, log = peers("slow-reader")
+def test_a_request_that_timed_out_is_never_delivered_to_a_successor(
+        peers: Any, scratch: str) -> None:
+    """Nobody listens: the request waits in the DEALER, times out, and the socket is replaced;
+    a supervisor that binds the path afterwards gets only what was sent after."""
+    path = os.path.join(scratch, "sock")
     with Loop(path) as loop:
-        big = {"blob": "x" * 900_000}
-        t0 = time.monotonic()
-        result = loop.call("inspect", big)
-        assert time.monotonic() - t0 < 0.5, "the send waited for the peer"
-        assert loop.link.sock is not None and loop.link.sock.wants_write  # type: ignore[union-attr]
-        with open(log + ".go", "w"):
-            pass
-        assert result()["pong"] == "inspect"
-        assert requests_seen(log) == ["inspect"]
+        first = loop.link.sock
+        lost = loop.call("terminate", timeout=0.3)
+        with pytest.raises(TetherError, match="did not answer 'terminate' within 0.3s"):
+            lost()
+        assert loop.link.sock is not first and first.closed
+        proc, _, log = peers("router")
+        assert loop.call("wait")()["pid"] == proc.pid
+        assert requests_seen(log) == ["wait"]
 
 
 def _dropping(loop: Loop, seen: list[str], name: str) -> Callable[[TetherError], None]:
@@ -281,8 +266,7 @@ def _dropping(loop: Loop, seen: list[str], name: str) -> Callable[[TetherError],
     the link: unregistered, then closed."""
     def on_err(exc: TetherError) -> None:
         seen.append(name)
-        if loop.link.sock is not None:
-            loop.poller.unregister(loop.link.sock)
+        loop.poller.unregister(loop.link.sock)
         loop.link.close()
     return on_err
 
@@ -307,7 +291,7 @@ def test_a_callback_that_drops_the_link_on_a_timeout_leaves_the_expired_one_told
         peers: Any) -> None:
     """A timeout resets the link and fails the others first: one of them may drop the link;
     the request that timed out is still told, once, and no error escapes the timer."""
-    proc, path, log = peers("slow-reader")
+    proc, path, log = peers("mute")
     with Loop(path) as loop:
         seen: list[str] = []
         loop.link.request("terminate", {}, 0.2, lambda r: seen.append("ok"),
@@ -319,23 +303,3 @@ def test_a_callback_that_drops_the_link_on_a_timeout_leaves_the_expired_one_told
         assert seen == ["wait", "expired: supervisor of job 1.1 did not answer 'terminate' "
                                 "within 0.2s"]
         assert loop.link.closed and not loop.link.pending
-
-
-def test_a_refusal_heard_while_listening_first_fails_what_waits_and_sends_nothing_after(
-        peers: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A door may speak first on the listening connection (its refusal, then its close): what
-    waited fails with that refusal, nothing is written into the closing connection or sent
-    twice later, and the next request goes out on a fresh connection."""
-    monkeypatch.setattr(link_mod, "PROBE", 30.0)  # the refusal, not the timer, ends it
-    proc, path, log = peers("wordless-then-busy")
-    with Loop(path) as loop:
-        first = loop.call("terminate", timeout=20.0)
-        loop.run(lambda: loop.link.probe is not None, 5, "the listening connection")
-        second = loop.call("wait", timeout=20.0)
-        with open(log + ".go", "w"):
-            pass
-        for result in (first, second):
-            with pytest.raises(TetherError, match="busy"):
-                result()
-        assert loop.call("claim")()["pong"] == "claim"
-        assert requests_seen(log) == ["claim"] and connections(log) == 3

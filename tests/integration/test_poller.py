@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import select
-import socket
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -206,28 +205,3 @@ def test_a_bounded_turn_leaves_the_rest_for_the_next_poll_and_loses_nothing() ->
         for s in socks:
             s.close(linger=0)
         ctx.term()
-
-
-def test_write_interest_follows_each_change_and_ends_with_the_registration() -> None:
-    """``want_write`` (a native link with unsent bytes): a writable fd is reported while asked
-    for, not after; asking twice changes nothing; a new registration starts without it."""
-    a, b = socket.socketpair()
-    poller = Poller()
-    try:
-        poller.register(a)
-        assert poller.poll(0) == []
-        poller.want_write(a, True)
-        poller.want_write(a, True)
-        assert poller.poll(0) == [(a, zmq.POLLIN)]
-        poller.want_write(a, False)
-        assert poller.poll(0) == []
-        poller.want_write(a, True)
-        poller.unregister(a)
-        poller.register(a)
-        assert poller.poll(0) == []
-        poller.want_write(a, True)  # not taken for "already on" by the old registration's
-        assert poller.poll(0) == [(a, zmq.POLLIN)]
-    finally:
-        poller.close()
-        a.close()
-        b.close()

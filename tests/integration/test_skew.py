@@ -1,7 +1,7 @@
-"""Upgrades and rollbacks with jobs running, against a real build of release 0.1.0 (commit
-72fa3ec, installed in its own venv by tests/releases.py): old agent -> new agent -> old agent,
-old supervisors under the new agent, each CLI against the other's agent, and what a newer
-schema does to an older agent."""
+"""Upgrades and rollbacks with jobs running, against real builds of release 0.1.0 (commit
+72fa3ec) and 0.6.0 (installed in their own venvs by tests/releases.py): old agent -> new agent
+-> old agent, old supervisors under the new agent and new ones under the old, each CLI against
+the other's agent, and what a newer schema does to an older agent."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 import tether
-from tests.helpers import CLI, Node, default_output, poll_until
+from tests.helpers import CLI, Node, default_output, pid_alive, poll_until
 from tests.releases import release
 from tether.agent import schema
 from tether.cli.connect import agent_call
@@ -207,3 +207,78 @@ def test_an_older_agent_on_a_newer_schema_changes_and_runs_nothing(
 
 def show_pid(node: Node, job: int) -> int:
     return int(node.manifest(job)["supervisor"]["pid"])
+
+
+#: the last build of release 0.6.0 before the agent's link became ZeroMQ on both ends (issue
+#: 26): its supervisors serve ``ctl/sock`` with a door (ZMTP answered by hand), its agent speaks
+#: native frames and falls back to a DEALER when it meets a libzmq ROUTER
+RELEASE_0_6_0 = "3a6e8f4"
+
+
+def threads(pid: int) -> int:
+    """A supervisor of this release has libzmq's two threads beside its own; one of 0.6.0 has
+    one: how the two, which both call themselves 0.6.0 until a release is cut, are told apart."""
+    with open(f"/proc/{pid}/status") as f:
+        return int(next(ln.split()[1] for ln in f if ln.startswith("Threads:")))
+
+
+def gated(node: Node, tether_cmd: list[str], gate: str) -> int:
+    """A job that ticks until the file ``gate`` appears in the work dir, then says done."""
+    script = (f"i=0; while [ ! -e {gate} ]; do i=$((i+1)); echo tick $i; sleep 0.05; done; "
+              "echo done")
+    return int(ok(node, tether_cmd, "submit", "--", "sh", "-c", script).strip())
+
+
+def test_the_agent_of_0_6_and_this_one_drive_each_others_supervisors(make_node: Any) -> None:
+    """Skew both ways with real processes: this release's agent reattaches to 0.6.0's
+    supervisors (its DEALER to their ctl doors' ZMTP) and drives them to the end (cancel, wait,
+    ack); 0.6.0's agent reattaches to this release's supervisors (its native frames refused
+    by the ROUTER's greeting, then its DEALER) and drives them to the end too."""
+    old = [os.path.join(release(RELEASE_0_6_0), "tether")]
+    node: Node = make_node(cpus=2)  # (--oversubscribe is left out for other builds)
+    node.tether = old
+    node.start()
+    tick_old = gated(node, old, "gate1")
+    doomed_old = int(ok(node, old, "submit", "--", "sleep", "60").strip())
+    for job in (tick_old, doomed_old):
+        poll_until(lambda j=job: show(node, old, j)["state"] == "running", 30, f"job {job} runs")
+    old_sup = show(node, old, tick_old)["supervisor_pid"]
+    assert threads(old_sup) == 1  # a door, no ZeroMQ
+
+    # this release's agent: the 0.6.0 supervisors reattached through a DEALER each
+    node.stop()
+    node.tether = CLI
+    node.start()
+    j = show(node, CLI, tick_old)
+    assert (j["state"], j["supervisor_pid"]) == ("running", old_sup)
+    ok(node, CLI, "cancel", str(doomed_old))  # ``terminate`` over ZMTP to a door
+    assert node.wait_end(doomed_old)["state"] == "cancelled"
+    open(os.path.join(node.work, "gate1"), "w").close()
+    assert run(node, CLI, "wait", str(tick_old), "--timeout", "60").returncode == 0
+    assert_ticked_whole(node, tick_old)  # ``wait`` answered, the result collected and acked
+    poll_until(lambda: not pid_alive(old_sup), 20, "the acknowledged 0.6.0 supervisor to exit")
+
+    tick_new = gated(node, CLI, "gate2")
+    doomed_new = int(ok(node, CLI, "submit", "--", "sleep", "60").strip())
+    for job in (tick_new, doomed_new):
+        poll_until(lambda j=job: show(node, CLI, j)["state"] == "running", 30, f"job {job} runs")
+    new_sup = show(node, CLI, tick_new)["supervisor_pid"]
+    assert threads(new_sup) == 3  # a ROUTER: libzmq's I/O and reaper threads
+
+    # 0.6.0's agent again: this release's supervisors reattached through its DEALER fallback
+    node.stop()
+    node.tether = old
+    node.start()
+    j = show(node, old, tick_new)
+    assert (j["state"], j["supervisor_pid"]) == ("running", new_sup)
+    ok(node, old, "cancel", str(doomed_new))  # ``terminate`` to the ROUTER
+    assert run(node, old, "wait", str(doomed_new), "--timeout", "30").returncode != 124
+    assert show(node, old, doomed_new)["state"] == "cancelled"
+    open(os.path.join(node.work, "gate2"), "w").close()
+    assert run(node, old, "wait", str(tick_new), "--timeout", "60").returncode == 0
+    assert_ticked_whole(node, tick_new)
+    poll_until(lambda: not pid_alive(new_sup), 20, "the acknowledged supervisor to exit")
+    assert not os.path.exists(node.layout.run_dir(tick_new, 1).path)
+    with open(node.agent_logs[-1]) as f:
+        assert f"job {tick_new}: its supervisor serves ZeroMQ" in f.read()
+    node.stop()

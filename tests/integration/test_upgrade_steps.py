@@ -4,7 +4,9 @@ step, ``pip install .`` of this checkout into that same venv (a copy of the chec
 build/ and editable links a developer's has), the old agent still serving the new CLI and
 starting new supervisors; SIGTERM and the new agent, which migrates the database (keeping
 ``tether.db.v<old schema>``), reattaches to the old release's running supervisors and collects
-their true results; and each release's CLI against the other's agent. The wheels come from the
+their true results (one after ``upgrade-supervisors`` re-executed it into this release: its ctl
+door's listening socket taken over by this release's ROUTER); and each release's CLI against
+the other's agent. The wheels come from the
 tests' wheelhouse (tests/releases.py), so nothing is downloaded."""
 
 from __future__ import annotations
@@ -135,6 +137,14 @@ def test_the_upgrade_steps_of_operations_md_as_written(make_node: Any, scratch: 
     assert (j["state"], j["supervisor_pid"]) == ("running", old_supervisor)
     inspected = json.loads(ok_in(node, bindir, "inspect", str(running), "--json"))
     assert inspected["state"] == "running"
+    assert threads(old_supervisor) == 1  # 0.5.0's: a ctl door, no ZeroMQ
+    # and in place (docs/operations.md, "Upgrading the supervisors in place"): the 0.5.0
+    # supervisor re-executes into this release, whose ROUTER takes the ctl door's listening
+    # socket over (libzmq's threads beside its loop now); the new agent's DEALER reconnects
+    ok_in(node, bindir, "upgrade-supervisors", str(running))
+    assert threads(old_supervisor) == 3
+    j = show(node, bindir, running)
+    assert (j["state"], j["supervisor_pid"]) == ("running", old_supervisor)
     open_gate(node, "running")
     assert tether_in(node, bindir, "wait", str(running)).returncode == 7  # its true result
 
@@ -159,6 +169,11 @@ def test_the_upgrade_steps_of_operations_md_as_written(make_node: Any, scratch: 
         "before", 4, None)
     assert acct[running]["exit_code"] == 7
     assert acct[late]["maxrss_kb"] is not None  # a step the new release ran and measured
+
+
+def threads(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return int(next(ln.split()[1] for ln in f if ln.startswith("Threads:")))
 
 
 def ok_in_plain(bindir: str, *args: str) -> str:
