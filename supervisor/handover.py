@@ -90,9 +90,8 @@ def probe_installed() -> str:
 
 
 def capture(sup: SupervisorState) -> dict[str, Any]:
-    timers = {name: t.when for name, t in (("claim", sup.claim_timer), ("kill", sup.kill_timer),
-                                           ("limit", sup.limit_timer))
-              if t is not None and not t.cancelled}
+    timers = {name: t.when for name, t in sup.machine_timers.items()
+              if name in ("claim", "kill", "limit") and not t.cancelled}
     pmi = None
     if sup.pmi is not None and sup.channels is not None:
         pmi = {"server": sup.pmi,

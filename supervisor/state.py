@@ -29,9 +29,10 @@ from tether.shared.paths import RunDir
 from tether.shared.procid import ProcId
 from tether.shared.step_cgroup import StepCgroup
 from tether.shared.timers import Timer, Timers
-from tether.supervisor import introspect
+from tether.supervisor import introspect, machine
 from tether.supervisor.launch import Launcher
-from tether.supervisor.opener import Opener, ThreadOpener
+from tether.supervisor.machine_events import Event
+from tether.supervisor.opener import LaunchFailed, Opened, Opener, ThreadOpener
 from tether.supervisor.pmi import DEFAULT_MAX_STORE_BYTES, Output, PmiServer
 from tether.supervisor.pmi_io import PmiChannels, clean_env
 from tether.supervisor.step import Step
@@ -107,14 +108,16 @@ class SupervisorState:
         self.followers: Lot[None, Follow] = Lot(self.timers)
         self.event_waiters: Lot[None, int] = Lot(self.timers)
         self.record: dict[str, Any] | None = None
+        #: the step's state and what it decides (machine.py); effects.py carries it out and
+        #: writes its phase and flags into ``step``
+        self.machine = machine.start()
+        #: the machine's timers by name (machine_effects.TIMERS): claim, ready, kill, limit,
+        #: drain, linger, record, ack
+        self.machine_timers: dict[str, Timer] = {}
+        #: what the output opener handed back, until the launch takes it
+        self.opened_files: Opened | LaunchFailed | None = None
         self.running = True
         self.remove_rundir = False
-        #: the exit record is on disk (fsync'd); until then only this process holds it
-        self.record_durable = False
-        self.kill_timer: Timer | None = None
-        #: the job's time limit, armed at launch: SIGTERM, then SIGKILL after the grace
-        self.limit_timer: Timer | None = None
-        self.drain_timer: Timer | None = None
         self.drain_check: Timer | None = None
         #: a cluster step's lease (fencing.py): its file, the timeout, the last renewal seen
         #: (CLOCK_BOOTTIME), when watching began, and the next look
@@ -140,9 +143,6 @@ class SupervisorState:
                           (rd.path, "scan") if faults.supervisor_fault(HOLD_SCAN) else None)
         self.scan_seq = 0
         self.scan_waiters: Lot[int, ScanReply] = Lot(self.timers)
-        self.claim_timer: Timer | None = None
-        #: writes the ``ready`` manifest if no claim came soon (service.py); a claim cancels it
-        self.ready_timer: Timer | None = None
         #: the agent's door: ``ctl/sock`` (a 0700 directory), the listening socket ``listen_fd``
         self.ctl: Door | None = None
         #: everyone's door: ``sock``, the listening socket ``door_fd``
@@ -163,6 +163,8 @@ class SupervisorState:
         #: of before the doors (handover format 1): that one keeps its ROUTER on ``sock``
         self.door_fd = -1
         self.upgrade_requested = False
+        #: the release the installed build said it is, when an upgrade was asked for
+        self.upgrade_target: str | None = None
         #: the release this process ran before its last re-exec, if any
         self.upgraded_from: str | None = None
         self.resumed = False
@@ -170,23 +172,53 @@ class SupervisorState:
     # ---- implemented by the parts (see the module's docstring) ---------------------------
 
     # claims.py
-    def abort(self, reason: str, *, cancel: bool, keep_record: bool) -> None:
+    def answer_claims(self) -> None:
         raise NotImplementedError
 
-    def claim_expired(self) -> None:
+    def discard_files(self) -> None:
         raise NotImplementedError
 
     def drop_opener(self) -> None:
         raise NotImplementedError
 
+    def fork(self) -> None:
+        raise NotImplementedError
+
+    def give_back_again(self) -> None:
+        raise NotImplementedError
+
     def kill_cgroup(self) -> None:
         raise NotImplementedError
+
+    def start_opener(self, *, fork: bool = False) -> None:
+        raise NotImplementedError
+
+
+    # effects.py
+    def arm(self, name: str, when: float) -> None:
+        raise NotImplementedError
+
+    def feed(self, event: Event) -> None:
+        raise NotImplementedError
+
 
     # fencing.py
     def start_fencing(self) -> None:
         raise NotImplementedError
 
+
     # follow.py
+    def add_event_waiter(self, peer: Peer, rid: protocol.RequestId, after: int,
+                         hold: float) -> None:
+        raise NotImplementedError
+
+    def add_follower(self, peer: Peer, rid: protocol.RequestId, streams: tuple[str, ...],
+                     offsets: dict[str, int], hold: float) -> None:
+        raise NotImplementedError
+
+    def add_waiter(self, peer: Peer, rid: protocol.RequestId, hold: float) -> None:
+        raise NotImplementedError
+
     def answer_event_waiter(self, w: Parked[int], *, force: bool = True,
                             upgrading: bool = False) -> bool:
         raise NotImplementedError
@@ -195,7 +227,13 @@ class SupervisorState:
                         upgrading: bool = False) -> bool:
         raise NotImplementedError
 
+    def note_stream(self, peer: Peer, verb: str, ended: bool) -> None:
+        raise NotImplementedError
+
     def release_waiters(self) -> None:
+        raise NotImplementedError
+
+    def streams_active(self) -> bool:
         raise NotImplementedError
 
     def wake_event_waiters(self, *, force: bool = False) -> None:
@@ -204,6 +242,7 @@ class SupervisorState:
     def wake_followers(self, *, force: bool = False) -> None:
         raise NotImplementedError
 
+
     # pmi_loop.py
     def handle_pmi(self, outputs: list[Output]) -> None:
         raise NotImplementedError
@@ -211,15 +250,23 @@ class SupervisorState:
     def kill_ranks(self, why: str) -> None:
         raise NotImplementedError
 
-    def sync_pmi_registrations(self) -> None:
-        raise NotImplementedError
-
     def note_pmi_unused(self) -> None:
         raise NotImplementedError
 
+    def sync_pmi_registrations(self) -> None:
+        raise NotImplementedError
+
+
     # reaping.py
+    def announce_end(self) -> None:
+        raise NotImplementedError
+
+    def measure_end(self) -> None:
+        raise NotImplementedError
+
     def reap(self) -> None:
         raise NotImplementedError
+
 
     # recording.py
     def build_record(self) -> dict[str, Any]:
@@ -228,16 +275,28 @@ class SupervisorState:
     def emit(self, kind: str, **fields: Any) -> None:
         raise NotImplementedError
 
+    def ready_manifest(self) -> None:
+        raise NotImplementedError
+
     def step_over(self) -> None:
         raise NotImplementedError
 
     def write_manifest(self, *, launching: bool = False) -> bool:
         raise NotImplementedError
 
-    def write_record(self) -> None:
+    def write_record_file(self) -> bool:
         raise NotImplementedError
 
+
+    # reexec.py
+    def request_upgrade(self) -> str:
+        raise NotImplementedError
+
+
     # requests.py
+    def after_scan(self, peer: Peer, rid: protocol.RequestId, compute: ScanReply) -> None:
+        raise NotImplementedError
+
     def on_door_close(self, conn: Conn) -> None:
         raise NotImplementedError
 
@@ -247,11 +306,9 @@ class SupervisorState:
     def reply(self, peer: Peer, reply: protocol.Reply) -> None:
         raise NotImplementedError
 
-    # terminating.py
-    def kill_now(self) -> None:
-        raise NotImplementedError
 
-    def time_limit_reached(self) -> None:
+    # terminating.py
+    def suspension_owed(self) -> float:
         raise NotImplementedError
 
 
