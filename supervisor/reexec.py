@@ -63,9 +63,13 @@ class Reexec(SupervisorState):
         for name in ("claim", "kill", "limit"):
             if name in timers:
                 self.arm(name, float(timers[name]))
-        self.machine = machine.resume(
-            self.step.phase, cancelled=self.step.cancelled, timed_out=self.step.timed_out,
-            terminated_by=self.step.terminated_by, durable=False, terminating="kill" in timers)
+        if state["machine"] is not None:
+            self.machine = state["machine"]
+        else:  # an image of 0.6.0 or before had no machine: it is read off the step
+            self.machine = machine.resume(
+                self.step.phase, cancelled=self.step.cancelled, timed_out=self.step.timed_out,
+                terminated_by=self.step.terminated_by, durable=False,
+                terminating="kill" in timers)
         if self.step.phase is Phase.RUNNING:
             self.start_fencing()  # the lease is read again from the file: nothing to hand over
 
