@@ -23,7 +23,7 @@ What must survive ``exec`` and how:
   one versioned dict of plain data, msgpack-encoded after a magic line, in a memfd
   (handover_state.py turns the objects into that data and back).
 
-Format 3 (0.6.1 on) is that dict; formats 1 and 2 (up to 0.6.0) were a pickle of the objects
+Format 3 (after 0.6.0) is that dict; formats 1 and 2 (up to 0.6.0) were a pickle of the objects
 themselves, which this build still reads (``read_state``: the pickled classes are still found
 under their names), so a supervisor of the previous release upgrades into this one. ``FORMAT``
 is bumped by a change an older reader would misread (a field it cannot default); before it
