@@ -176,8 +176,7 @@ class Effects(SupervisorState):
         self.remove_rundir = True
 
     def _exit(self, e: fx.Exit) -> None:
-        if e.why:
-            log.info("exiting: %s", e.why)
+        log.info("the step's supervisor is done: %s", e.why)
         self.running = False
 
     # ---- a request's own events ------------------------------------------------------------------
@@ -226,6 +225,18 @@ def _record_due(sup: Effects) -> ev.Event | None:
     return ev.RecordWritten(ok=sup.write_record_file())
 
 
+def _linger(sup: Effects) -> ev.Event | None:
+    linger = float(sup.spec["linger"])
+    if sup.machine.state is machine.State.ENDED:
+        if sup.machine.durable:
+            log.warning("no agent acknowledged the result within %gs; leaving the exit record "
+                        "at %s", linger, sup.rd.sentinel)
+        else:
+            log.warning("no agent acknowledged the result and it is not on disk yet; staying "
+                        "another %gs", linger)
+    return ev.LingerExpired(linger=linger)
+
+
 def _ready(sup: Effects) -> ev.Event | None:
     sup.ready_manifest()
     return None
@@ -238,7 +249,7 @@ _TIMER_EVENTS: dict[str, Callable[[Effects], ev.Event | None]] = {
     "kill": lambda sup: ev.KillTimer(),
     "limit": _time_limit,
     "drain": lambda sup: ev.Drained(linger=float(sup.spec["linger"])),
-    "linger": lambda sup: ev.LingerExpired(linger=float(sup.spec["linger"])),
+    "linger": _linger,
     "record": _record_due,
     "ack": _ack_check,
 }

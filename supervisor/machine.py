@@ -161,6 +161,7 @@ Transition = Callable[[Machine, StepEvent], tuple[Machine, list[Effect]]]
 
 
 def _claim(m: Machine, ev: StepEvent) -> tuple[Machine, list[Effect]]:
+    """Park the claim; the first one stops the deadline and opens the files."""
     assert isinstance(ev, ClaimRequested)
     park = ParkClaim(peer=ev.peer, rid=ev.rid)
     if m.state is State.CLAIMED:
@@ -183,22 +184,26 @@ def _give_up(m: Machine, reason: str, *, cancel: bool,
 
 
 def _claim_expired(m: Machine, ev: StepEvent) -> tuple[Machine, list[Effect]]:
+    """No claim in time: aborted, its never-started sentinel kept."""
     assert isinstance(ev, ClaimExpired)
     return _give_up(m, f"no agent claimed the step within {ev.timeout:g}s", cancel=False,
                     keep=True)
 
 
 def _abort(m: Machine, ev: StepEvent) -> tuple[Machine, list[Effect]]:
+    """The agent gives it up: aborted, its run directory goes."""
     assert isinstance(ev, AbortRequested)
     return _give_up(m, ev.reason, cancel=ev.cancel, keep=False)
 
 
 def _terminate_unlaunched(m: Machine, ev: StepEvent) -> tuple[Machine, list[Effect]]:
+    """Stopped before the launch: aborted as the agent's abort."""
     assert isinstance(ev, TerminateRequested)
     return _give_up(m, ev.why, cancel=ev.cancel, keep=False)
 
 
 def _files_opened(m: Machine, ev: StepEvent) -> tuple[Machine, list[Effect]]:
+    """Record the launch durably before any fork."""
     return m, [RecordLaunching()]
 
 
@@ -208,11 +213,13 @@ def _files_late(m: Machine, ev: StepEvent) -> tuple[Machine, list[Effect]]:
 
 
 def _not_recorded(m: Machine, ev: StepEvent) -> tuple[Machine, list[Effect]]:
+    """Nothing starts: the claims fail, ready for another."""
     assert isinstance(ev, LaunchNotRecorded)
     return _to(m, State.READY), [KillOpener(), FailClaims(reason=ev.reason)]
 
 
 def _recorded(m: Machine, ev: StepEvent) -> tuple[Machine, list[Effect]]:
+    """Fork, arm the time limit, fence, answer the claims."""
     assert isinstance(ev, LaunchRecorded)
     effects: list[Effect] = []
     if ev.time_limit is not None and ev.time_limit > 0:
@@ -221,6 +228,7 @@ def _recorded(m: Machine, ev: StepEvent) -> tuple[Machine, list[Effect]]:
 
 
 def _terminate(m: Machine, ev: StepEvent) -> tuple[Machine, list[Effect]]:
+    """SIGTERM now, SIGKILL after the first grace."""
     assert isinstance(ev, TerminateRequested)
     return _stop(m, why=ev.why, grace=ev.grace, cancel=ev.cancel)
 
@@ -237,6 +245,7 @@ def _stop(m: Machine, *, why: str, grace: float, cancel: bool,
 
 
 def _time_limit(m: Machine, ev: StepEvent) -> tuple[Machine, list[Effect]]:
+    """Wait for the time suspended, else stop it as timed out."""
     assert isinstance(ev, TimeLimit)
     if m.cancelled:
         return m, []
@@ -246,27 +255,32 @@ def _time_limit(m: Machine, ev: StepEvent) -> tuple[Machine, list[Effect]]:
 
 
 def _kill_timer(m: Machine, ev: StepEvent) -> tuple[Machine, list[Effect]]:
+    """The grace is over: SIGKILL."""
     return m, [KillTasks(why="outlived the grace period")]
 
 
 def _fenced(m: Machine, ev: StepEvent) -> tuple[Machine, list[Effect]]:
+    """The lease ran out: fail and SIGKILL at once."""
     assert isinstance(ev, Fenced)
     # no grace: the cluster may run the job elsewhere soon; its reason is the step's story
     return replace(m, terminated_by=None), [FailStep(why=ev.why), KillTasks(why="fenced")]
 
 
 def _all_reaped(m: Machine, ev: StepEvent) -> tuple[Machine, list[Effect]]:
+    """Drain the leftovers, within DRAIN_TIMEOUT."""
     return _to(m, State.DRAINING), [CancelTimer(name="kill"), CancelTimer(name="limit"),
                                     ArmTimer(name="drain", delay=DRAIN_TIMEOUT)]
 
 
 def _drained(m: Machine, ev: StepEvent) -> tuple[Machine, list[Effect]]:
+    """Record the end, then tell everyone, then linger for the ack."""
     assert isinstance(ev, Drained)
     return _to(m, State.ENDED), [CancelTimer(name="drain"), Finish(), WriteRecord(), Announce(),
                                  ReleaseWaiters(), ArmTimer(name="linger", delay=ev.linger)]
 
 
 def _record_written(m: Machine, ev: StepEvent) -> tuple[Machine, list[Effect]]:
+    """The record's write: durable, or tried again while ended."""
     assert isinstance(ev, RecordWritten)
     if ev.ok:
         return replace(m, durable=True), []
@@ -276,6 +290,7 @@ def _record_written(m: Machine, ev: StepEvent) -> tuple[Machine, list[Effect]]:
 
 
 def _linger_expired(m: Machine, ev: StepEvent) -> tuple[Machine, list[Effect]]:
+    """No ack: exit if the record is durable, else stay."""
     assert isinstance(ev, LingerExpired)
     if not m.durable:  # the result exists only in this process: exiting would lose it
         return m, [ArmTimer(name="linger", delay=ev.linger)]
@@ -283,6 +298,7 @@ def _linger_expired(m: Machine, ev: StepEvent) -> tuple[Machine, list[Effect]]:
 
 
 def _acked(m: Machine, ev: StepEvent) -> tuple[Machine, list[Effect]]:
+    """The run directory goes; exit, or wait for followers reading."""
     assert isinstance(ev, Acked)
     if ev.reading:
         return _to(m, State.ACKED), [RemoveRunDir(), CancelTimer(name="linger"),
@@ -291,6 +307,7 @@ def _acked(m: Machine, ev: StepEvent) -> tuple[Machine, list[Effect]]:
 
 
 def _ack_check(m: Machine, ev: StepEvent) -> tuple[Machine, list[Effect]]:
+    """Exit once followers are done or the ack linger is over."""
     assert isinstance(ev, AckLingerCheck)
     if ev.reading and not ev.late:
         return m, [ArmTimer(name="ack", delay=ACK_POLL)]
