@@ -32,8 +32,6 @@ KNOWN: tuple[frozenset[str], ...] = (
     frozenset({"shared.door", "shared.door_caps", "shared.door_conn"}),
     # the option tables use parser.py's helpers, parser.py loads the tables when asked
     frozenset({"cli.options_jobs", "cli.options_node", "cli.parser"}),
-    # agentconf.py asks main.py for the state directory, main.py reads the agent's config
-    frozenset({"cli.agentconf", "cli.main"}),
 )
 
 
