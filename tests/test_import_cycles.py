@@ -28,8 +28,6 @@ KNOWN: tuple[frozenset[str], ...] = (
                "agent.scheduler"}),
     # schema.py's migrations use the modules that use the database
     frozenset({"agent.acct", "agent.batch", "agent.db", "agent.schema"}),
-    # a connection names its door's type, the door makes connections
-    frozenset({"shared.door", "shared.door_caps", "shared.door_conn"}),
     # the option tables use parser.py's helpers, parser.py loads the tables when asked
     frozenset({"cli.options_jobs", "cli.options_node", "cli.parser"}),
 )
