@@ -26,8 +26,6 @@ KNOWN: tuple[frozenset[str], ...] = (
                "agent.group_commit", "agent.launcher", "agent.metrics", "agent.persons",
                "agent.recovery", "agent.reload", "agent.request_args", "agent.retention",
                "agent.scheduler"}),
-    # the option tables use parser.py's helpers, parser.py loads the tables when asked
-    frozenset({"cli.options_jobs", "cli.options_node", "cli.parser"}),
 )
 
 
