@@ -1,12 +1,14 @@
 """The supervisor's state, shared by the parts of ``service.Supervisor``.
 
 The supervisor is one object on one loop, but its code is split by what it does: the loop
-(service.py), requests (requests.py), the launch (claims.py), ending a step (terminating.py,
+(service.py), requests (requests.py), what the step machine decides (machine.py, pure) and its
+effects carried out (effects.py), the launch (claims.py), ending a step (terminating.py,
 reaping.py), PMI (pmi_loop.py), records (recording.py), long polls (follow.py) and re-executing
 (reexec.py). Each part is a mixin of ``SupervisorState``, which holds every attribute (one
-``__init__``, so the whole state is read in one place) and declares the methods one part calls in
-another, so that each part type-checks on its own. ``Supervisor`` inherits all the parts, which
-come before this class in its MRO: the declarations below are never what runs.
+``__init__``, so the whole state is read in one place) and declares, for the type checker only,
+the methods one part calls in another, so that each part type-checks on its own: at run time
+each method exists once, in its part. Request handlers read this state as their view
+(handlers.py) and never call into the parts.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import signal
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tether.shared import faults, protocol
 from tether.shared.door import Door
@@ -170,146 +172,71 @@ class SupervisorState:
         self.resumed = False
 
     # ---- implemented by the parts (see the module's docstring) ---------------------------
+    # Declared for the type checker only: at run time each method exists once, in its part.
 
-    # claims.py
-    def answer_claims(self) -> None:
-        raise NotImplementedError
+    if TYPE_CHECKING:
+        # claims.py
+        def answer_claims(self) -> None: ...
+        def discard_files(self) -> None: ...
+        def drop_opener(self) -> None: ...
+        def fork(self) -> None: ...
+        def give_back_again(self) -> None: ...
+        def kill_cgroup(self) -> None: ...
+        def start_opener(self, *, fork: bool = False) -> None: ...
 
-    def discard_files(self) -> None:
-        raise NotImplementedError
+        # effects.py
+        def arm(self, name: str, when: float) -> None: ...
+        def feed(self, event: Event) -> None: ...
 
-    def drop_opener(self) -> None:
-        raise NotImplementedError
+        # fencing.py
+        def start_fencing(self) -> None: ...
 
-    def fork(self) -> None:
-        raise NotImplementedError
+        # follow.py
+        def add_event_waiter(self, peer: Peer, rid: protocol.RequestId, after: int,
+                             hold: float) -> None: ...
+        def add_follower(self, peer: Peer, rid: protocol.RequestId, streams: tuple[str, ...],
+                         offsets: dict[str, int], hold: float) -> None: ...
+        def add_waiter(self, peer: Peer, rid: protocol.RequestId, hold: float) -> None: ...
+        def answer_event_waiter(self, w: Parked[int], *, force: bool = True,
+                                upgrading: bool = False) -> bool: ...
+        def answer_follower(self, f: Parked[Follow], *, force: bool = True,
+                            upgrading: bool = False) -> bool: ...
+        def note_stream(self, peer: Peer, verb: str, ended: bool) -> None: ...
+        def release_waiters(self) -> None: ...
+        def streams_active(self) -> bool: ...
+        def wake_event_waiters(self, *, force: bool = False) -> None: ...
+        def wake_followers(self, *, force: bool = False) -> None: ...
 
-    def give_back_again(self) -> None:
-        raise NotImplementedError
+        # pmi_loop.py
+        def handle_pmi(self, outputs: list[Output]) -> None: ...
+        def kill_ranks(self, why: str) -> None: ...
+        def note_pmi_unused(self) -> None: ...
+        def sync_pmi_registrations(self) -> None: ...
 
-    def kill_cgroup(self) -> None:
-        raise NotImplementedError
+        # reaping.py
+        def announce_end(self) -> None: ...
+        def measure_end(self) -> None: ...
+        def reap(self) -> None: ...
 
-    def start_opener(self, *, fork: bool = False) -> None:
-        raise NotImplementedError
+        # recording.py
+        def build_record(self) -> dict[str, Any]: ...
+        def emit(self, kind: str, **fields: Any) -> None: ...
+        def ready_manifest(self) -> None: ...
+        def step_over(self) -> None: ...
+        def write_manifest(self, *, launching: bool = False) -> bool: ...
+        def write_record_file(self) -> bool: ...
 
+        # reexec.py
+        def request_upgrade(self) -> str: ...
 
-    # effects.py
-    def arm(self, name: str, when: float) -> None:
-        raise NotImplementedError
+        # requests.py
+        def after_scan(self, peer: Peer, rid: protocol.RequestId, compute: ScanReply) -> None: ...
+        def on_door_close(self, conn: Conn) -> None: ...
+        def on_door_request(self, conn: Conn, req: protocol.Request) -> None: ...
+        def reply(self, peer: Peer, reply: protocol.Reply) -> None: ...
 
-    def feed(self, event: Event) -> None:
-        raise NotImplementedError
-
-
-    # fencing.py
-    def start_fencing(self) -> None:
-        raise NotImplementedError
-
-
-    # follow.py
-    def add_event_waiter(self, peer: Peer, rid: protocol.RequestId, after: int,
-                         hold: float) -> None:
-        raise NotImplementedError
-
-    def add_follower(self, peer: Peer, rid: protocol.RequestId, streams: tuple[str, ...],
-                     offsets: dict[str, int], hold: float) -> None:
-        raise NotImplementedError
-
-    def add_waiter(self, peer: Peer, rid: protocol.RequestId, hold: float) -> None:
-        raise NotImplementedError
-
-    def answer_event_waiter(self, w: Parked[int], *, force: bool = True,
-                            upgrading: bool = False) -> bool:
-        raise NotImplementedError
-
-    def answer_follower(self, f: Parked[Follow], *, force: bool = True,
-                        upgrading: bool = False) -> bool:
-        raise NotImplementedError
-
-    def note_stream(self, peer: Peer, verb: str, ended: bool) -> None:
-        raise NotImplementedError
-
-    def release_waiters(self) -> None:
-        raise NotImplementedError
-
-    def streams_active(self) -> bool:
-        raise NotImplementedError
-
-    def wake_event_waiters(self, *, force: bool = False) -> None:
-        raise NotImplementedError
-
-    def wake_followers(self, *, force: bool = False) -> None:
-        raise NotImplementedError
-
-
-    # pmi_loop.py
-    def handle_pmi(self, outputs: list[Output]) -> None:
-        raise NotImplementedError
-
-    def kill_ranks(self, why: str) -> None:
-        raise NotImplementedError
-
-    def note_pmi_unused(self) -> None:
-        raise NotImplementedError
-
-    def sync_pmi_registrations(self) -> None:
-        raise NotImplementedError
-
-
-    # reaping.py
-    def announce_end(self) -> None:
-        raise NotImplementedError
-
-    def measure_end(self) -> None:
-        raise NotImplementedError
-
-    def reap(self) -> None:
-        raise NotImplementedError
-
-
-    # recording.py
-    def build_record(self) -> dict[str, Any]:
-        raise NotImplementedError
-
-    def emit(self, kind: str, **fields: Any) -> None:
-        raise NotImplementedError
-
-    def ready_manifest(self) -> None:
-        raise NotImplementedError
-
-    def step_over(self) -> None:
-        raise NotImplementedError
-
-    def write_manifest(self, *, launching: bool = False) -> bool:
-        raise NotImplementedError
-
-    def write_record_file(self) -> bool:
-        raise NotImplementedError
-
-
-    # reexec.py
-    def request_upgrade(self) -> str:
-        raise NotImplementedError
-
-
-    # requests.py
-    def after_scan(self, peer: Peer, rid: protocol.RequestId, compute: ScanReply) -> None:
-        raise NotImplementedError
-
-    def on_door_close(self, conn: Conn) -> None:
-        raise NotImplementedError
-
-    def on_door_request(self, conn: Conn, req: protocol.Request) -> None:
-        raise NotImplementedError
-
-    def reply(self, peer: Peer, reply: protocol.Reply) -> None:
-        raise NotImplementedError
-
-
-    # terminating.py
-    def suspension_owed(self) -> float:
-        raise NotImplementedError
+        # terminating.py
+        def suspension_owed(self) -> float: ...
 
 
 def killpg(pgid: int, sig: int) -> None:
