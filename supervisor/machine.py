@@ -8,7 +8,7 @@ machine and the effects (machine_effects.py) to carry out, in order; effects.py 
 and feeds back what they learn. This module does no I/O, reads no clock, holds no socket: it is
 the agent's ``lifecycle.py`` for the supervisor's side.
 
-States, and the step's phase (step.py) each one means:
+States (``PHASE`` below says which phase of step.py each one is):
 
     ready -claim-> claimed -files, launching manifest-> running -terminate-> terminating
       |               |                                   |                     |
@@ -16,8 +16,8 @@ States, and the step's phase (step.py) each one means:
     draining -leftovers gone-> ended -ack-> acked -followers done-> gone
                                  +--linger, record durable--> gone
 
-Crash windows on the supervisor's side (docs/notes: lifecycle.md; tests/test_supervisor_machine.py
-checks each as a row of a table):
+Crash windows on the supervisor's side (docs/architecture.md, sections 4b and 7;
+tests/test_supervisor_machine.py checks each as a row of a table):
   - no task is forked before the ``launching`` manifest is durable: ``Fork`` only follows
     ``LaunchRecorded``, which effects.py feeds only after that write, so a supervisor that dies
     before it leaves "never ran" (requeued) and one that dies after it "lost" (never run twice);
