@@ -23,7 +23,7 @@ from tether.agent.lifecycle_events import Usage
 from tether.shared import stamps
 
 if TYPE_CHECKING:
-    from tether.agent.db import Store
+    from tether.agent.store_api import StoreApi as Store
 
 #: the columns, in the order ``public`` reads them
 COLUMNS = ("job", "array_id", "array_index", "name", "user", "uid", "state", "exit_code",

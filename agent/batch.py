@@ -17,7 +17,7 @@ from tether.agent.job import Job
 from tether.shared import batch
 
 if TYPE_CHECKING:
-    from tether.agent.db import Store
+    from tether.agent.store_api import StoreApi as Store
 
 _TABLE = ("CREATE TABLE IF NOT EXISTS job_batch (job INTEGER PRIMARY KEY, "
           "elements INTEGER NOT NULL DEFAULT 1, script BLOB, "

@@ -19,7 +19,7 @@ import tether
 from tether.agent import acct, batch
 
 if TYPE_CHECKING:
-    from tether.agent.db import Store
+    from tether.agent.store_api import StoreApi as Store
 
 log = logging.getLogger("tether.agent")
 

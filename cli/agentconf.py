@@ -94,12 +94,12 @@ def settings(ns: argparse.Namespace, state_dir: str) -> dict[str, Any]:
     return out
 
 
-def rereader(parser: Any, argv: list[str]) -> Callable[[], dict[str, Any]]:
+def rereader(parser: Any, argv: list[str],
+             state_dir: Callable[[argparse.Namespace], str]) -> Callable[[], dict[str, Any]]:
     """What SIGHUP reloads: the same command line parsed again and the settings file read
-    again, as ``settings``; a ``CliError`` says what is wrong with the file."""
+    again, as ``settings``; a ``CliError`` says what is wrong with the file. ``state_dir``:
+    main.py's, passed in (main.py imports this module: no import back)."""
     def reread() -> dict[str, Any]:
-        from tether.cli.main import state_dir
-
         fresh = parser.parse(argv)
         apply(parser.subcommand("agent"), fresh, argv)
         return settings(fresh, state_dir(fresh))

@@ -68,7 +68,8 @@ def run(argv: list[str]) -> int:
 
         _finalize = True  # a daemon: its threads, logging and database end the normal way
         agentconf.apply(parser.subcommand("agent"), ns, argv)
-        return int(load("cmd_agent:agent")(state_dir(ns), ns, agentconf.rereader(parser, argv)))
+        reread = agentconf.rereader(parser, argv, state_dir)
+        return int(load("cmd_agent:agent")(state_dir(ns), ns, reread))
     if ns.cmd == "cluster":  # the administrator's: straight to the database, as its owner
         from tether.cli.cluster import admin
 

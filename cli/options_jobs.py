@@ -3,7 +3,8 @@
 
 Apart from ``parser.py``'s machinery (the Parser, its errors and ``build_parser``) so that each
 file stays readable; ``build_parser`` imports this module only for the verbs it has. One
-``add_<verb>`` function per verb.
+``add_<verb>`` function per verb, each starting from ``verbs.verb`` (not from parser.py, which
+imports this module).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from tether.cli.argtypes import (
     seconds,
     time_limit,
 )
-from tether.cli.parser import add_json, verb
+from tether.cli.verbs import add_json, verb
 
 TYPE_CHECKING = False  # typing costs every CLI run ~2 ms: for the type checker only
 if TYPE_CHECKING:

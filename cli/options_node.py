@@ -18,7 +18,7 @@ from tether.cli.argtypes import (
     seconds,
     time_limit,
 )
-from tether.cli.parser import Parser, add_json, verb
+from tether.cli.verbs import add_json, verb
 
 #: where the administrator's commands find the cluster's connection string
 ADMIN_DSN_HELP = ("a root-only file (mode 0600) holding the database's connection string, as "
@@ -198,7 +198,7 @@ def add_cluster(sub: Any) -> None:
     s = verb(sub, "cluster", "administer the cluster database (init, add-node)",
              "Administer the cluster's PostgreSQL database, as the role that owns tether's "
              "tables. People never need the database: their commands go to their node's agent.")
-    csub = s.add_subparsers(dest="cluster_cmd", metavar="ACTION", parser_class=Parser,
+    csub = s.add_subparsers(dest="cluster_cmd", metavar="ACTION", parser_class=type(s),
                             required=True)
     init = csub.add_parser("init", prog="tether cluster init",
                            help="create or upgrade the schema (idempotent)",

@@ -17,13 +17,11 @@ import re
 import sys
 
 from tether.cli.errors import EXIT_USAGE, CliError
+from tether.cli.verbs import STATE_DIR_HELP
 
 TYPE_CHECKING = False  # typing costs every CLI run ~2 ms: for the type checker only
 if TYPE_CHECKING:
     from typing import Any, NoReturn
-
-STATE_DIR_HELP = ("the agent's state directory (default: $TETHER_STATE_DIR, else /var/lib/tether "
-                  "for root, else $XDG_STATE_HOME/tether or ~/.local/state/tether)")
 
 EXIT_CODES = """exit codes:
   0    success
@@ -145,21 +143,6 @@ def suggest(given: str, names: list[str]) -> str:
         close = difflib.get_close_matches(key, list(bare), n=1, cutoff=0.6)
         hint = bare[close[0]] if close else None
     return f"; did you mean '{hint}'?" if hint is not None else ""
-
-
-def verb(sub: Any, name: str, help: str, description: str = "", usage: str | None = None,
-         epilog: str | None = None) -> Parser:
-    """A subcommand with the shared ``--state-dir`` (accepted after the verb too)."""
-    sp: Parser = sub.add_parser(name, prog=f"tether {name}", help=help, usage=usage,
-                                description=description or help[:1].upper() + help[1:] + ".",
-                                epilog=epilog)
-    # SUPPRESS: absent here means "keep what came before the verb", not "set to None".
-    sp.add_argument("--state-dir", metavar="DIR", default=argparse.SUPPRESS, help=STATE_DIR_HELP)
-    return sp
-
-
-def add_json(sp: Parser, what: str) -> None:
-    sp.add_argument("--json", action="store_true", help=f"print {what} as JSON")
 
 
 def verb_of(argv: list[str]) -> str | None:

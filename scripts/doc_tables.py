@@ -16,13 +16,14 @@ import os
 import re
 import sys
 from collections.abc import Callable
+from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from tether.agent import api, lifecycle  # noqa: E402
 from tether.shared import errors, faults, protocol  # noqa: E402
-from tether.supervisor import handlers, step  # noqa: E402
+from tether.supervisor import handlers, machine, step  # noqa: E402
 
 WHO = {handlers.ANY: "any local user", handlers.OWNER: "the job's owner, root, the agent",
        handlers.AGENT: "root, the agent"}
@@ -50,15 +51,21 @@ def error_codes() -> str:
     return "\n".join(rows)
 
 
-def transitions() -> str:
+def transitions(table: Any = None, states: Any = None) -> str:
+    table = lifecycle.TABLE if table is None else table
+    states = list(lifecycle.State if states is None else states)
     rows = ["| state | event | transition |", "|---|---|---|"]
-    for (state, event), move in sorted(lifecycle.TABLE.items(),
-                                       key=lambda kv: (list(lifecycle.State).index(kv[0][0]),
+    for (state, event), move in sorted(table.items(),
+                                       key=lambda kv: (states.index(kv[0][0]),
                                                        kv[0][1].__name__)):
         doc = (move.__doc__ or "").strip().split("\n")[0]
         rows.append(f"| `{state.value}` | `{event.__name__}` | `{move.__name__}`"
                     + (f": {doc}" if doc else "") + " |")
     return "\n".join(rows)
+
+
+def supervisor_transitions() -> str:
+    return transitions(machine.TABLE, machine.State)
 
 
 def supervisor_phases() -> str:
@@ -152,6 +159,7 @@ TABLES: dict[str, tuple[str, Callable[[], str]]] = {
     "error-codes": ("docs/protocol.md", error_codes),
     "lifecycle-transitions": ("docs/architecture.md", transitions),
     "supervisor-phases": ("docs/architecture.md", supervisor_phases),
+    "supervisor-transitions": ("docs/architecture.md", supervisor_transitions),
     "fault-switches": ("docs/architecture.md", fault_switches),
 }
 

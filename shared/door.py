@@ -53,6 +53,10 @@ from tether.shared.errors import Busy, TetherError
 from tether.shared.text import clip
 from tether.shared.timers import Timer, Timers
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from tether.shared.door_conn import Sender
+
 _READ = 1 << 16
 _IN, _OUT = select.EPOLLIN, select.EPOLLOUT
 _ERR = select.EPOLLERR | select.EPOLLHUP
@@ -469,7 +473,7 @@ class Door:
 
 def answer(call: Callable[[], object], req: protocol.Request, peer: object,
            reply: Callable[[protocol.Reply], None], log: logging.Logger,
-           pending: object, door: Door | None = None) -> None:
+           pending: object, door: Sender | None = None) -> None:
     """Run one request's handler and answer it: its result (unless it is ``pending``: a long
     poll answers later), its ``TetherError``, or, for a bug, "internal error" (the traceback
     is logged, never sent). Refusals are logged with the peer, clipped, and for a door's peer

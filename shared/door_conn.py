@@ -15,7 +15,15 @@ from tether.shared import framing, protocol, zmtp
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from tether.shared.door import Door
+    from typing import Protocol
+
+    class Sender(Protocol):
+        """What a connection needs of the door that accepted it (door.py's ``Door``), named
+        here rather than imported: door.py imports this module."""
+
+        def send(self, conn: Conn, reply: protocol.Reply) -> None: ...
+
+        def note(self, conn: Conn, line: str) -> None: ...
 
 
 class Conn:
@@ -34,7 +42,7 @@ class Conn:
         self.serial = next(self._serials)
         #: the door that accepted it, which every reply to it goes through (a daemon may have
         #: several: a supervisor's ctl door and its door)
-        self.door: Door | None = None
+        self.door: Sender | None = None
         #: length-prefixed frames, until the first byte says ZMTP (a tether 0.1 client)
         self.deframer: framing.Deframer | zmtp.Codec = framing.Deframer()
         self.fresh = True

@@ -3,7 +3,8 @@
 A claim starts the opener (the job's user's output files, opened as that user); when the files
 are in, the manifest says ``launching`` durably, the cgroup is made and the tasks are forked
 (launch.py). Until then the step is ``ready``: an abort, or the claim deadline, still wins and
-nothing ever runs. A mixin of ``service.Supervisor``; its state is ``state.py``'s.
+nothing ever runs. What happens when is machine.py's to decide; this is how (I/O). A mixin of
+``service.Supervisor``; its state is ``state.py``'s.
 """
 
 from __future__ import annotations
@@ -16,12 +17,13 @@ import signal
 import time
 
 from tether.shared import faults, protocol
-from tether.shared.errors import LaunchError, StateError
+from tether.shared.errors import StateError
 from tether.shared.step_cgroup import CgroupError, StepCgroup
 from tether.shared.timers import rfc3339_now
 from tether.supervisor import handlers, heapfile, ksm
+from tether.supervisor.machine_events import FilesOpened
 from tether.supervisor.opener import ForkInstead, LaunchFailed, Opened, new_opener, output_paths
-from tether.supervisor.state import Peer, SupervisorState, killpg
+from tether.supervisor.state import SupervisorState, killpg
 from tether.supervisor.step import Phase, bounded
 from tether.supervisor.sweeper import hold
 
@@ -33,21 +35,6 @@ OPEN_TIMEOUT = 5.0
 
 class Claims(SupervisorState):
     """The claim, the opener and the launch; or an abort before anything started."""
-
-    def claim(self, peer: Peer, rid: protocol.RequestId) -> None:
-        """The first valid claim starts the opener; every claim is answered once the tasks
-        have started (or the launch failed). The step stays ``ready`` meanwhile, so an abort
-        still wins, and the claim deadline no longer runs."""
-        self.claims.park(None, peer, rid, OPEN_TIMEOUT + 5.0, None, lambda p: self.reply(
-            p.peer, protocol.error(p.rid, LaunchError("the launch is still opening files"))))
-        if self.opener is not None:
-            return
-        if self.claim_timer:
-            self.claim_timer.cancel()
-        if self.ready_timer:  # no wake-up for it: launching is what goes on disk now
-            self.ready_timer.cancel()
-            self.ready_timer = None
-        self.start_opener()
 
     def start_opener(self, *, fork: bool = False) -> None:
         try:
@@ -88,37 +75,33 @@ class Claims(SupervisorState):
             self.opener_timer = None
 
     def opened(self, got: Opened | LaunchFailed) -> None:
-        """Launch on what the opener handed back: phase ready -> running.
-
-        The manifest says ``launching`` durably *before* the first fork: if this process dies
-        while forking, the agent must find "tasks may be running" (lost, leftovers killed), never
-        "never ran" (requeued, and run a second time beside the first).
-        """
+        """What the opener handed back: kept for the launch, which the machine decides."""
         self.drop_opener()
-        if self.step.phase is not Phase.READY:  # aborted meanwhile: nothing starts
-            if isinstance(got, Opened):
-                got.close()
-                for r in got.readers:
-                    if r is not None:
-                        os.close(r)
-            self.answer_claims()
-            return
-        if not self.write_manifest(launching=True):
-            if isinstance(got, Opened):
-                got.close()
-            err = LaunchError(f"cannot record the launch in {self.rd.manifest}; not starting")
-            for p in self.claims.take(None):
-                self.reply(p.peer, protocol.error(p.rid, err))
-            return
-        self.step.advance(Phase.RUNNING)
+        self.opened_files = got
+        self.feed(FilesOpened())
+
+    def discard_files(self) -> None:
+        """The files opened for a launch that will not happen: closed."""
+        got, self.opened_files = self.opened_files, None
+        if isinstance(got, Opened):
+            got.close()
+            for r in got.readers:
+                if r is not None:
+                    os.close(r)
+
+    def fork(self) -> None:
+        """The launch, the ``launching`` manifest being durable (machine.py): phase running.
+
+        That manifest is written *before* the first fork: if this process dies while forking,
+        the agent must find "tasks may be running" (lost, leftovers killed), never "never ran"
+        (requeued, and run a second time beside the first).
+        """
+        got, self.opened_files = self.opened_files, None
+        assert got is not None
         self.step.started_at = rfc3339_now()
         self.make_cgroup()
-        limit = self.spec.get("time_limit")
-        if isinstance(limit, int | float) and not isinstance(limit, bool) and limit > 0:
-            # Counted from the launch, by this process: the agent may be gone when it runs out.
+        if "limit" in self.machine_timers:  # counted from the launch (its timer just armed)
             self.step.launched_mono = time.monotonic()
-            self.limit_timer = self.timers.at(time.monotonic() + float(limit),
-                                              self.time_limit_reached)
         if faults.supervisor_fault("hold-after-task"):
             self.launcher.after_first = lambda: hold(self.rd.path, "task")
         try:
@@ -145,9 +128,6 @@ class Claims(SupervisorState):
             self.timers.at(time.monotonic() + heapfile.DELAY, self.give_back_copies)
         log.info("launched %d task(s): pids %s", self.step.ntasks,
                  [t.pid for t in self.step.tasks])
-        self.start_fencing()  # a cluster's step: its tasks end with the node's lease
-        self.answer_claims()
-        self.reap()  # a launch failure may already have finished the step
 
     def give_back_copies(self, tries: int = heapfile.TRIES, *, quiet: bool = False) -> None:
         """The private copies of the template's pages that equal them again go (heapfile.py),
@@ -226,28 +206,3 @@ class Claims(SupervisorState):
                 task.reason = bounded(f"not started: {reason}")
         if not told:  # every task had started: the step fails for this reason all the same
             self.step.force_failure(reason)
-
-    def claim_expired(self) -> None:
-        if self.step.phase is not Phase.READY:
-            return
-        self.abort(f"no agent claimed the step within {self.spec['claim_timeout']:g}s",
-                   cancel=False, keep_record=True)
-
-    def abort(self, reason: str, *, cancel: bool, keep_record: bool) -> None:
-        """Give up before launching: nothing ran. ``keep_record`` leaves a sentinel saying so."""
-        self.step.advance(Phase.ABORTED)
-        self.step.cancelled = cancel
-        self.step.abort_reason = reason
-        self.step.ended_at = rfc3339_now()
-        log.warning("aborted before launch: %s", reason)
-        if keep_record:
-            self.write_record()
-        else:
-            self.record = self.build_record()
-            self.remove_rundir = True
-        if self.opener is not None:
-            self.opener.kill()
-            self.drop_opener()
-        self.answer_claims()
-        self.release_waiters()
-        self.running = False

@@ -16,11 +16,11 @@ a fence. A mixin of ``service.Supervisor``; its state is ``state.py``'s.
 from __future__ import annotations
 
 import logging
-import signal
 import time
 
 from tether.shared import lease
-from tether.supervisor.state import SupervisorState, killpg
+from tether.supervisor.machine_events import Fenced
+from tether.supervisor.state import SupervisorState
 from tether.supervisor.step import Phase
 
 log = logging.getLogger("tether.supervisor")
@@ -63,10 +63,5 @@ class Fencing(SupervisorState):
         why = (f"{lease.FENCED}: this node's cluster lease is {at - since:.1f}s old (timeout "
                f"{self.fence_after:g}s): its agent could not confirm the node is still in the "
                "cluster, which may run the job elsewhere; the tasks were killed")
-        log.warning("%s", why)
-        self.step.force_failure(why)
-        self.step.terminated_by = None
-        for pid in self.step.live_pids():
-            killpg(pid, signal.SIGKILL)
-        self.kill_cgroup()
+        self.feed(Fenced(why=why))
         self.emit("fenced", reason=why)

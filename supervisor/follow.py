@@ -4,8 +4,9 @@ An event wakes its waiters at once (``on_event``). Output growth has no kernel w
 the files' sizes are checked every ``FOLLOW_POLL`` seconds, and only while some follower is
 parked: nobody following, no timer. When the step ends every parked follower is answered. An
 ``ack`` does not end the process while a follower is still reading (parked, or answered without
-``ended`` within ``STREAM_IDLE``): the supervisor stays, at most ``ACK_LINGER`` seconds, so that
-followers can read to the end. A mixin of ``service.Supervisor``; its state is ``state.py``'s.
+``ended`` within ``STREAM_IDLE``): the supervisor stays, at most ``effects.ACK_LINGER``
+seconds, so that followers can read to the end (machine.py decides, asking
+``streams_active``). A mixin of ``service.Supervisor``; its state is ``state.py``'s.
 """
 
 from __future__ import annotations
@@ -25,8 +26,6 @@ log = logging.getLogger("tether.supervisor")
 MAX_HOLD = 600.0
 #: How often parked output followers' files are checked for growth (only while any is parked).
 FOLLOW_POLL = 0.05
-#: The longest an acknowledged supervisor stays up for followers still reading.
-ACK_LINGER = 5.0
 #: A follower answered without ``ended`` counts as still reading for this long.
 STREAM_IDLE = 2.0
 
@@ -120,26 +119,3 @@ class Followers(SupervisorState):
     def add_waiter(self, peer: Peer, rid: protocol.RequestId, hold: float) -> None:
         self.waiters.park(None, peer, rid, min(hold, MAX_HOLD), None,
                           lambda p: self.reply(p.peer, protocol.ok(p.rid, {"done": False})))
-
-    def acknowledged(self) -> None:
-        self.remove_rundir = True
-        if self.ack_deadline is not None:
-            return  # already lingering for followers
-        if self.streams_active():
-            log.info("acknowledged; staying up to %gs while followers read to the end",
-                     ACK_LINGER)
-            self.ack_deadline = time.monotonic() + ACK_LINGER
-            self.timers.at(time.monotonic() + FOLLOW_POLL, self.ack_linger_check)
-            return
-        self.running = False
-
-    def ack_linger_check(self) -> None:
-        assert self.ack_deadline is not None
-        if not self.streams_active():
-            self.running = False
-        elif time.monotonic() >= self.ack_deadline:
-            log.warning("followers still reading %gs after the acknowledgement; exiting",
-                        ACK_LINGER)
-            self.running = False
-        else:
-            self.timers.at(time.monotonic() + FOLLOW_POLL, self.ack_linger_check)

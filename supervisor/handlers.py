@@ -27,23 +27,31 @@ import logging
 import os
 import signal as _signal
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import tether
 from tether.shared import protocol
 from tether.shared.errors import BadRequest, PermissionDenied, StateError, UnknownKind
 from tether.shared.protocol import arg_int, arg_number, check_known
 from tether.supervisor import handlers_inspect, handlers_output
-from tether.supervisor.state import PENDING, Peer
+from tether.supervisor.machine_events import (
+    AbortRequested,
+    AckRequested,
+    Act,
+    ClaimRequested,
+    TerminateRequested,
+    UpgradeRequested,
+    WaitFor,
+)
+from tether.supervisor.state import PENDING, Peer, SupervisorState
 from tether.supervisor.step import Phase, signal_name
-
-if TYPE_CHECKING:
-    from tether.supervisor.service import Supervisor
-    from tether.supervisor.state import SupervisorState
 
 log = logging.getLogger("tether.supervisor")
 
-Handler = Callable[["Supervisor", Peer, protocol.Request], Any]
+#: a handler reads the supervisor (it never drives it) and returns the reply, or an ``Act``: the
+#: events to feed (machine_events.py), then the reply
+Handler = Callable[[SupervisorState, Peer, protocol.Request], Any]
+View = SupervisorState
 
 
 ANY, OWNER, AGENT = "any", "owner", "agent"
@@ -60,7 +68,7 @@ VERB_CLASS: dict[str, str] = {
 _WHO = {OWNER: "the job's owner, root and the agent", AGENT: "root and the agent"}
 
 
-def authorize(sup: Supervisor, peer: Peer, kind: str) -> None:
+def authorize(sup: View, peer: Peer, kind: str) -> None:
     cls = VERB_CLASS.get(kind, AGENT)
     if cls == ANY:
         return
@@ -73,7 +81,7 @@ def authorize(sup: Supervisor, peer: Peer, kind: str) -> None:
                            f"(you are uid {peer.uid})")
 
 
-def _control(sup: Supervisor, peer: Peer, req: protocol.Request) -> None:
+def _control(sup: View, peer: Peer, req: protocol.Request) -> None:
     job = arg_int(req.args, "job")
     attempt = arg_int(req.args, "attempt")
     if (job, attempt) != (sup.rd.job, sup.rd.attempt):
@@ -81,7 +89,7 @@ def _control(sup: Supervisor, peer: Peer, req: protocol.Request) -> None:
                          f"not job {job} attempt {attempt}")
 
 
-def hello(sup: Supervisor, peer: Peer, req: protocol.Request) -> Any:
+def hello(sup: View, peer: Peer, req: protocol.Request) -> Any:
     check_known(req.args, req.kind, ("versions",))
     version = protocol.negotiate(req.args.get("versions"))
     assert sup.ident is not None
@@ -94,7 +102,7 @@ def hello(sup: Supervisor, peer: Peer, req: protocol.Request) -> Any:
     }
 
 
-def state(sup: Supervisor, peer: Peer, req: protocol.Request) -> Any:
+def state(sup: View, peer: Peer, req: protocol.Request) -> Any:
     check_known(req.args, req.kind, ())
     step = sup.step
     state = step.job_state()
@@ -108,7 +116,7 @@ def state(sup: Supervisor, peer: Peer, req: protocol.Request) -> Any:
     }
 
 
-def claim(sup: Supervisor, peer: Peer, req: protocol.Request) -> Any:
+def claim(sup: View, peer: Peer, req: protocol.Request) -> Any:
     check_known(req.args, req.kind, ("job", "attempt"))
     _control(sup, peer, req)
     phase = sup.step.phase
@@ -116,12 +124,12 @@ def claim(sup: Supervisor, peer: Peer, req: protocol.Request) -> Any:
         raise StateError(f"step {sup.rd.job}.{sup.rd.attempt} was aborted before launch: "
                          f"{sup.step.abort_reason}")
     if phase is Phase.READY:
-        sup.claim(peer, req.id)  # answered once the outputs are open and the tasks started
-        return PENDING
+        # answered once the outputs are open and the tasks started
+        return Act((ClaimRequested(peer=peer, rid=req.id),), PENDING)
     return claim_result(sup)
 
 
-def claim_result(sup: SupervisorState) -> dict[str, Any]:
+def claim_result(sup: View) -> dict[str, Any]:
     return {
         "phase": sup.step.phase.value, "started_at": sup.step.started_at,
         "tasks": [{"rank": t.rank, "pid": t.pid, "start_ticks": t.start_ticks}
@@ -129,56 +137,54 @@ def claim_result(sup: SupervisorState) -> dict[str, Any]:
     }
 
 
-def wait(sup: Supervisor, peer: Peer, req: protocol.Request) -> Any:
+def wait(sup: View, peer: Peer, req: protocol.Request) -> Any:
     check_known(req.args, req.kind, ("job", "attempt", "hold"))
     _control(sup, peer, req)
     hold = arg_number(req.args, "hold", default=30.0, maximum=3600.0)
     if sup.record is not None and sup.step.phase in (Phase.EXITED, Phase.ABORTED):
         return {"done": True, "record": sup.record}
-    sup.add_waiter(peer, req.id, hold)
-    return PENDING
+    return Act((WaitFor(peer=peer, rid=req.id, hold=hold),), PENDING)
 
 
-def ack(sup: Supervisor, peer: Peer, req: protocol.Request) -> Any:
+def ack(sup: View, peer: Peer, req: protocol.Request) -> Any:
     check_known(req.args, req.kind, ("job", "attempt"))
     _control(sup, peer, req)
     if sup.step.phase not in (Phase.EXITED, Phase.ABORTED):
         raise StateError(f"step {sup.rd.job}.{sup.rd.attempt} has not ended "
                          f"(it is {sup.step.phase.value}); nothing to acknowledge")
-    sup.acknowledged()
-    return {}
+    return Act((AckRequested(),), {})
 
 
-def abort(sup: Supervisor, peer: Peer, req: protocol.Request) -> Any:
+def abort(sup: View, peer: Peer, req: protocol.Request) -> Any:
     check_known(req.args, req.kind, ("job", "attempt", "cancel"))
     _control(sup, peer, req)
     if sup.step.phase is Phase.READY:
-        sup.abort("aborted by the agent", cancel=bool(req.args.get("cancel")), keep_record=False)
-        return {"aborted": True}
+        return Act((AbortRequested(reason="aborted by the agent",
+                                   cancel=bool(req.args.get("cancel"))),), {"aborted": True})
     if sup.step.phase is Phase.ABORTED:
         return {"aborted": True}
     raise StateError(f"step {sup.rd.job}.{sup.rd.attempt} has already started")
 
 
-def terminate(sup: Supervisor, peer: Peer, req: protocol.Request) -> Any:
+def terminate(sup: View, peer: Peer, req: protocol.Request) -> Any:
     check_known(req.args, req.kind, ("job", "attempt", "grace", "cancel"))
     _control(sup, peer, req)
     grace = arg_number(req.args, "grace", default=10.0, maximum=86400.0)
     cancel = bool(req.args.get("cancel", False))
-    sup.terminate(grace=grace, cancel=cancel,
-                  why="cancelled" if cancel else "terminated by the agent")
-    return {"phase": sup.step.phase.value}
+    ev = TerminateRequested(grace=grace, cancel=cancel,
+                            why="cancelled" if cancel else "terminated by the agent")
+    return Act((ev,), lambda view: {"phase": view.step.phase.value})
 
 
-def upgrade(sup: Supervisor, peer: Peer, req: protocol.Request) -> Any:
+def upgrade(sup: View, peer: Peer, req: protocol.Request) -> Any:
     """Re-exec into the installed tether once this reply is out (service.reexec)."""
     check_known(req.args, req.kind, ())
-    target = sup.request_upgrade()
-    return {"pid": os.getpid(), "from": tether.__version__, "to": target,
-            "generation": sup.generation + 1}
+    return Act((UpgradeRequested(),), lambda view: {
+        "pid": os.getpid(), "from": tether.__version__, "to": view.upgrade_target,
+        "generation": view.generation + 1})
 
 
-def signal(sup: Supervisor, peer: Peer, req: protocol.Request) -> Any:
+def signal(sup: View, peer: Peer, req: protocol.Request) -> Any:
     check_known(req.args, req.kind, ("signal", "rank"))
     num = arg_int(req.args, "signal")
     if num not in {int(s) for s in _signal.valid_signals()}:
@@ -232,7 +238,7 @@ HANDLERS: dict[str, Handler] = {
 }
 
 
-def dispatch(sup: Supervisor, peer: Peer, req: protocol.Request) -> Any:
+def dispatch(sup: View, peer: Peer, req: protocol.Request) -> Any:
     handler = HANDLERS.get(req.kind)
     if handler is None:
         raise UnknownKind(f"unknown request kind {req.kind!r}")

@@ -3,15 +3,15 @@
 
 Why a module of its own: these verbs change nothing in the step; they read it, mostly through
 introspect.py's /proc readers. ``pids`` and ``stats`` are answered from a /proc scan made off the
-loop (``Supervisor.after_scan``): the handler parks the request and ``pids_result`` or
-``stats_result`` builds the reply once the scan is in. The table, who may call each verb and the
-verbs that act on the step are in handlers.py.
+loop (the handler returns a ``ScanFor`` event, which effects.py carries out: it parks the
+request) and ``pids_result`` or ``stats_result`` builds the reply once the scan is in. The
+table, who may call each verb and the verbs that act on the step are in handlers.py.
 """
 
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import tether
 from tether.shared import protocol
@@ -19,13 +19,11 @@ from tether.shared.errors import StateError
 from tether.shared.procid import boottime
 from tether.shared.protocol import check_known
 from tether.supervisor import introspect
-from tether.supervisor.state import PENDING, Peer
-
-if TYPE_CHECKING:
-    from tether.supervisor.service import Supervisor
+from tether.supervisor.machine_events import Act, ScanFor
+from tether.supervisor.state import PENDING, Peer, SupervisorState
 
 
-def info(sup: Supervisor, peer: Peer, req: protocol.Request) -> Any:
+def info(sup: SupervisorState, peer: Peer, req: protocol.Request) -> Any:
     check_known(req.args, req.kind, ())
     spec = sup.spec
     return {
@@ -48,20 +46,20 @@ def _task_status(t: Any) -> dict[str, Any]:
             "signal": t.signal, "reason": t.reason}
 
 
-def _step_processes(sup: Supervisor,
+def _step_processes(sup: SupervisorState,
                     procs: list[introspect.ProcSample]) -> introspect.StepProcesses:
     leaders = {t.pid: t.rank for t in sup.step.tasks if t.pid and not t.done}
     return introspect.step_processes(procs, os.getpid(), sup.session, leaders)
 
 
-def pids(sup: Supervisor, peer: Peer, req: protocol.Request) -> Any:
-    """Answered from a /proc scan made off the loop (``Supervisor.after_scan``)."""
+def pids(sup: SupervisorState, peer: Peer, req: protocol.Request) -> Any:
+    """Answered from a /proc scan made off the loop (``ScanFor``, carried out by effects.py)."""
     check_known(req.args, req.kind, ())
-    sup.after_scan(peer, req.id, lambda procs: pids_result(sup, procs))
-    return PENDING
+    return Act((ScanFor(peer=peer, rid=req.id, compute=lambda procs: pids_result(sup, procs)),),
+               PENDING)
 
 
-def pids_result(sup: Supervisor, scanned: list[introspect.ProcSample]) -> Any:
+def pids_result(sup: SupervisorState, scanned: list[introspect.ProcSample]) -> Any:
     me = os.getpid()
     found = _step_processes(sup, scanned)
     leaders = {t.pid for t in sup.step.tasks if t.pid and not t.done}
@@ -80,14 +78,14 @@ def pids_result(sup: Supervisor, scanned: list[introspect.ProcSample]) -> Any:
             "supervisor_pid": me, "session": sup.session, "phase": sup.step.phase.value}
 
 
-def stats(sup: Supervisor, peer: Peer, req: protocol.Request) -> Any:
-    """Answered from a /proc scan made off the loop (``Supervisor.after_scan``)."""
+def stats(sup: SupervisorState, peer: Peer, req: protocol.Request) -> Any:
+    """Answered from a /proc scan made off the loop (``ScanFor``, carried out by effects.py)."""
     check_known(req.args, req.kind, ())
-    sup.after_scan(peer, req.id, lambda procs: stats_result(sup, procs))
-    return PENDING
+    return Act((ScanFor(peer=peer, rid=req.id, compute=lambda procs: stats_result(sup, procs)),),
+               PENDING)
 
 
-def stats_result(sup: Supervisor, procs: list[introspect.ProcSample]) -> Any:
+def stats_result(sup: SupervisorState, procs: list[introspect.ProcSample]) -> Any:
     found = _step_processes(sup, procs)
     now = boottime()
     tasks = []
@@ -119,7 +117,7 @@ def stats_result(sup: Supervisor, procs: list[introspect.ProcSample]) -> Any:
             "cgroup": cg}
 
 
-def pmi(sup: Supervisor, peer: Peer, req: protocol.Request) -> Any:
+def pmi(sup: SupervisorState, peer: Peer, req: protocol.Request) -> Any:
     check_known(req.args, req.kind, ())
     if sup.pmi is None:
         raise StateError(f"step {sup.rd.job}.{sup.rd.attempt} was not started with PMI")

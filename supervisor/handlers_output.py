@@ -12,18 +12,20 @@ each verb and the verbs that act on the step are in handlers.py.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tether.shared import protocol
 from tether.shared.errors import BadRequest, StateError
 from tether.shared.protocol import arg_int, arg_number, arg_str, check_known
 from tether.supervisor import introspect
-from tether.supervisor.state import PENDING, Peer
+from tether.supervisor.machine_events import (
+    Act,
+    FollowEvents,
+    FollowOutput,
+    StreamAnswered,
+)
+from tether.supervisor.state import PENDING, Peer, SupervisorState
 from tether.supervisor.step import Phase
-
-if TYPE_CHECKING:
-    from tether.supervisor.service import Supervisor
-    from tether.supervisor.state import SupervisorState
 
 STREAMS = ("stdout", "stderr")
 #: Largest byte offset a follower may name (files are never that big; msgpack ints are 64-bit).
@@ -37,7 +39,7 @@ MAX_HOLD_ARG = 3600.0
 ENDED = (Phase.EXITED, Phase.ABORTED)
 
 
-def _selected(sup: Supervisor, which: str) -> tuple[str, ...]:
+def _selected(sup: SupervisorState, which: str) -> tuple[str, ...]:
     """The streams a request names; ``both`` is one stream when both go to one file."""
     if which == "both":
         return ("stdout",) if sup.spec["output"] == sup.spec["error"] else STREAMS
@@ -101,7 +103,7 @@ def _offsets(value: Any, streams: tuple[str, ...]) -> dict[str, int]:
     return offsets
 
 
-def output(sup: Supervisor, peer: Peer, req: protocol.Request) -> Any:
+def output(sup: SupervisorState, peer: Peer, req: protocol.Request) -> Any:
     check_known(req.args, req.kind, ("stream", "lines", "offset", "hold"))
     which = arg_str(req.args, "stream", default="both")
     if which not in (*STREAMS, "both"):
@@ -114,10 +116,9 @@ def output(sup: Supervisor, peer: Peer, req: protocol.Request) -> Any:
         hold = arg_number(req.args, "hold", default=0.0, maximum=MAX_HOLD_ARG)
         res = follow_result(sup, streams, offsets)
         if hold > 0 and not has_news(res):
-            sup.add_follower(peer, req.id, streams, offsets, hold)
-            return PENDING
-        sup.note_stream(peer, "output", bool(res["ended"]))
-        return res
+            return Act((FollowOutput(peer=peer, rid=req.id, streams=streams, offsets=offsets,
+                                     hold=hold),), PENDING)
+        return Act((StreamAnswered(peer=peer, verb="output", ended=bool(res["ended"])),), res)
     if "hold" in req.args:
         raise BadRequest("'hold' needs 'offset' (follow mode)")
     lines = arg_int(req.args, "lines", default=DEFAULT_LINES, minimum=0, maximum=MAX_LINES)
@@ -142,7 +143,7 @@ def events_result(sup: SupervisorState, after: int) -> dict[str, Any]:
             "ended": sup.step.phase in ENDED and last == len(sup.events)}
 
 
-def events(sup: Supervisor, peer: Peer, req: protocol.Request) -> Any:
+def events(sup: SupervisorState, peer: Peer, req: protocol.Request) -> Any:
     check_known(req.args, req.kind, ("after", "hold"))
     after = arg_int(req.args, "after", default=0, minimum=0, maximum=MAX_OFFSET)
     if after > len(sup.events):
@@ -151,7 +152,5 @@ def events(sup: Supervisor, peer: Peer, req: protocol.Request) -> Any:
     hold = arg_number(req.args, "hold", default=0.0, maximum=MAX_HOLD_ARG)
     res = events_result(sup, after)
     if hold > 0 and not res["events"] and not res["ended"]:
-        sup.add_event_waiter(peer, req.id, after, hold)
-        return PENDING
-    sup.note_stream(peer, "events", bool(res["ended"]))
-    return res
+        return Act((FollowEvents(peer=peer, rid=req.id, after=after, hold=hold),), PENDING)
+    return Act((StreamAnswered(peer=peer, verb="events", ended=bool(res["ended"])),), res)

@@ -19,13 +19,18 @@ What must survive ``exec`` and how:
   on a fresh connection a moment later: nothing is lost or repeated, because every follower
   resumes from its own offsets;
 - the output reader fds and each PMI rank's socketpair end: kept open, numbers in the state;
-- everything else (the step and its tasks, events, the exit record, the PMI server's state,
-  timer deadlines on CLOCK_MONOTONIC, which exec does not reset) goes as one pickle in a memfd.
+- everything else (the step machine's state, the step and its tasks, events, the exit record,
+  the PMI server's state, timer deadlines on CLOCK_MONOTONIC, which exec does not reset) goes as
+  one versioned dict of plain data, msgpack-encoded after a magic line, in a memfd
+  (handover_state.py turns the objects into that data and back).
 
-The pickle holds objects of ``step.py`` and ``pmi.py``, so its ``FORMAT`` is bumped by any change
-to those classes that an older pickle would not fit; before it executes anything the supervisor
-asks the installed build which formats it reads (``--handover-formats``, which also proves that
-build starts at all) and refuses the upgrade otherwise, staying as it is.
+Format 3 (after 0.6.0) is that dict; formats 1 and 2 (up to 0.6.0) were a pickle of the objects
+themselves, which this build still reads (``read_state``: the pickled classes are still found
+under their names), so a supervisor of the previous release upgrades into this one. ``FORMAT``
+is bumped by a change an older reader would misread (a field it cannot default); before it
+executes anything the supervisor asks the installed build which formats it reads
+(``--handover-formats``, which also proves that build starts at all) and refuses the upgrade
+otherwise, staying as it is.
 
 Signals: the terminating signals and SIGCHLD are blocked across ``exec`` (the mask survives it;
 their handlers do not), and the new process unblocks them only after installing its own, so a
@@ -41,7 +46,10 @@ import subprocess
 import sys
 from typing import TYPE_CHECKING, Any
 
+import msgpack
+
 import tether
+from tether.supervisor import handover_state
 
 if TYPE_CHECKING:
     from tether.supervisor.state import SupervisorState
@@ -49,8 +57,11 @@ if TYPE_CHECKING:
 #: the layout of the handed-over state; see the module docstring
 #: 2: the door's listening socket (``door_fd``) beside the ROUTER's, which listens in ctl/; a
 #: format-1 image (no door: its ROUTER on ``sock``, open to everyone) keeps that layout
-FORMAT = 2
-FORMATS_READ = frozenset({1, 2})
+#: 3: plain data in msgpack (handover_state.py), the machine's state with it, not a pickle
+FORMAT = 3
+FORMATS_READ = frozenset({1, 2, 3})
+#: what a format-3 state begins with (a pickle begins with 0x80)
+MAGIC = b"tether-handover\n"
 BACKLOG = 128
 PROBE_TIMEOUT = 20.0
 
@@ -91,17 +102,18 @@ def probe_installed() -> str:
 
 
 def capture(sup: SupervisorState) -> dict[str, Any]:
-    timers = {name: t.when for name, t in (("claim", sup.claim_timer), ("kill", sup.kill_timer),
-                                           ("limit", sup.limit_timer))
-              if t is not None and not t.cancelled}
+    """The state to hand over, as plain data (format 3)."""
+    timers = {name: t.when for name, t in sup.machine_timers.items()
+              if name in ("claim", "kill", "limit") and not t.cancelled}
     pmi = None
     if sup.pmi is not None and sup.channels is not None:
-        pmi = {"server": sup.pmi,
+        pmi = {"server": handover_state.pmi_to_dict(sup.pmi),
                "ours": {rank: s.fileno() for rank, s in sup.channels.ours.items()},
                "pending": {rank: bytes(b) for rank, b in sup.channels.pending.items()}}
     return {
         "format": FORMAT, "from": tether.__version__, "generation": sup.generation + 1,
-        "step": sup.step,
+        "machine": handover_state.machine_to_dict(sup.machine),
+        "step": handover_state.step_to_dict(sup.step),
         "events": sup.events, "record": sup.record, "final_sizes": sup.final_sizes,
         "task_end_boottime": sup.task_end_boottime, "readers": dict(sup.launcher.readers),
         "listen_fd": sup.listen_fd, "door_fd": sup.door_fd, "timers": timers, "pmi": pmi,
@@ -120,7 +132,7 @@ def kept_fds(state: dict[str, Any], lock_fd: int) -> list[int]:
 def write_state(state: dict[str, Any]) -> int:
     """The state in an inheritable memfd, positioned at its start."""
     fd = os.memfd_create("tether-handover", 0)
-    data = pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
+    data = MAGIC + msgpack.packb(state, use_bin_type=True)
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view):]
@@ -129,15 +141,33 @@ def write_state(state: dict[str, Any]) -> int:
 
 
 def read_state(fd: int) -> dict[str, Any]:
-    """The state the previous image left in ``fd`` (closed here). Only our own process can have
-    written it: the fd number came on our command line from our own ``exec``."""
+    """The state the previous image left in ``fd`` (closed here), with its step (``step``), its
+    PMI server (``pmi.server``) and its machine (``machine``, None before format 3) as objects.
+    Only our own process can have written it: the fd number came on our command line from our
+    own ``exec``."""
     chunks = []
     with os.fdopen(fd, "rb") as f:
         while chunk := f.read(1 << 20):
             chunks.append(chunk)
-    state = pickle.loads(b"".join(chunks))  # noqa: S301 (written by this very process)
+    return decode(b"".join(chunks))
+
+
+def decode(data: bytes) -> dict[str, Any]:
+    """A handed-over state of any format this build reads (``read_state``)."""
+    if data.startswith(MAGIC):
+        state = msgpack.unpackb(data[len(MAGIC):], raw=False, strict_map_key=False)
+    else:  # formats 1 and 2, up to 0.6.0: a pickle of the objects
+        state = pickle.loads(data)  # noqa: S301 (written by this very process)
     if not isinstance(state, dict) or state.get("format") not in FORMATS_READ:
-        raise HandoverError(f"handover state of unknown format {state.get('format')!r}")
+        got = state.get("format") if isinstance(state, dict) else type(state).__name__
+        raise HandoverError(f"handover state of unknown format {got!r}")
+    if state["format"] < 3:
+        state["machine"] = None
+        return state
+    state["step"] = handover_state.step_from_dict(state["step"])
+    state["machine"] = handover_state.machine_from_dict(state["machine"])
+    if state["pmi"] is not None:
+        state["pmi"]["server"] = handover_state.pmi_from_dict(state["pmi"]["server"])
     return state
 
 

@@ -7,7 +7,7 @@ came in), while pmi.py keeps the state machine they act on (the ranks, the serve
 API), pmi_framing.py takes the requests off a rank's stream and pmi_kvs.py holds the operations
 on what ranks share (the store, collectives, failure bookkeeping). Each command is a function of
 the server (``srv``), the sending rank's state and the request; it raises ``_Refused`` for an
-error reply. The classes the handover pickles (pmi.py's ``PmiServer``, ``_Rank``, ``Send``...)
+error reply. The classes the handover pickles (pmi.py's ``PmiState``, ``_Rank``, ``Send``...)
 stay in pmi.py, so that a pickle names the same classes before and after this split
 (handover.FORMAT unchanged); pmi.py imports this module at its end, once those classes exist.
 """
@@ -19,10 +19,10 @@ from collections.abc import Callable, Sequence
 from typing import TypeAlias
 
 from tether.supervisor import pmi_framing, pmi_kvs
-from tether.supervisor.pmi import (
+from tether.supervisor.pmi_state import (
     MAX_KVSNAME,
     Output,
-    PmiServer,
+    PmiState,
     Protocol,
     Send,
     _int,
@@ -99,7 +99,7 @@ def _arg(req: _Request, name: str) -> str:
     return value
 
 
-def _key(srv: PmiServer, req: _Request, name: str = "key") -> str:
+def _key(srv: PmiState, req: _Request, name: str = "key") -> str:
     key = _arg(req, name)
     if not key:
         raise _Refused(f"{req.cmd}: {name} must not be empty")
@@ -108,7 +108,7 @@ def _key(srv: PmiServer, req: _Request, name: str = "key") -> str:
     return key
 
 
-def _value(srv: PmiServer, req: _Request, name: str = "value") -> str:
+def _value(srv: PmiState, req: _Request, name: str = "value") -> str:
     value = _arg(req, name)
     if len(value) > srv.max_value:
         raise _Refused(
@@ -117,7 +117,7 @@ def _value(srv: PmiServer, req: _Request, name: str = "value") -> str:
     return value
 
 
-def _check_kvsname(srv: PmiServer, req: _Request) -> None:
+def _check_kvsname(srv: PmiState, req: _Request) -> None:
     name = req.args.get("kvsname")
     if name is not None and name != srv.kvsname:
         raise _Refused(f"kvsname {preview(name)} is not this job's ({srv.kvsname})")
@@ -126,7 +126,7 @@ def _check_kvsname(srv: PmiServer, req: _Request) -> None:
 # ---- PMI-1 commands -----------------------------------------------------------------------------
 
 
-def _v1_init(srv: PmiServer, st: _Rank, req: _Request) -> list[Output]:
+def _v1_init(srv: PmiState, st: _Rank, req: _Request) -> list[Output]:
     if st.initialized:
         raise _Refused("PMI init was already done on this connection")
     version = req.args.get("pmi_version")
@@ -144,28 +144,28 @@ def _v1_init(srv: PmiServer, st: _Rank, req: _Request) -> list[Output]:
     pairs = [("pmi_version", "1"), ("pmi_subversion", "1"), ("rc", "-1"), ("msg", message)]
     return [_reply(req, pairs)]
 
-def _v1_get_maxes(srv: PmiServer, st: _Rank, req: _Request) -> list[Output]:
+def _v1_get_maxes(srv: PmiState, st: _Rank, req: _Request) -> list[Output]:
     return [_reply(req, [
         ("kvsname_max", str(MAX_KVSNAME)),
         ("keylen_max", str(srv.max_key)),
         ("vallen_max", str(srv.max_value)),
     ])]
 
-def _v1_get_appnum(srv: PmiServer, st: _Rank, req: _Request) -> list[Output]:
+def _v1_get_appnum(srv: PmiState, st: _Rank, req: _Request) -> list[Output]:
     return [_reply(req, [("appnum", str(srv.appnum))])]
 
-def _v1_get_my_kvsname(srv: PmiServer, st: _Rank, req: _Request) -> list[Output]:
+def _v1_get_my_kvsname(srv: PmiState, st: _Rank, req: _Request) -> list[Output]:
     return [_reply(req, [("kvsname", srv.kvsname)])]
 
-def _v1_get_universe_size(srv: PmiServer, st: _Rank, req: _Request) -> list[Output]:
+def _v1_get_universe_size(srv: PmiState, st: _Rank, req: _Request) -> list[Output]:
     return [_reply(req, [("size", str(srv.universe_size))])]
 
-def _v1_put(srv: PmiServer, st: _Rank, req: _Request) -> list[Output]:
+def _v1_put(srv: PmiState, st: _Rank, req: _Request) -> list[Output]:
     _check_kvsname(srv, req)
     pmi_kvs.put_kvs(srv, _key(srv, req), _value(srv, req), staged=False)
     return [_reply(req, [("rc", "0"), ("msg", "success")])]
 
-def _v1_get(srv: PmiServer, st: _Rank, req: _Request) -> list[Output]:
+def _v1_get(srv: PmiState, st: _Rank, req: _Request) -> list[Output]:
     _check_kvsname(srv, req)
     key = _key(srv, req)
     value = srv._kvs.get(key)
@@ -173,27 +173,27 @@ def _v1_get(srv: PmiServer, st: _Rank, req: _Request) -> list[Output]:
         raise _Refused(f"key {key} not found")
     return [_reply(req, [("rc", "0"), ("msg", "success"), ("value", value)])]
 
-def _v1_barrier_in(srv: PmiServer, st: _Rank, req: _Request) -> list[Output]:
+def _v1_barrier_in(srv: PmiState, st: _Rank, req: _Request) -> list[Output]:
     return pmi_kvs.enter_collective(srv, st, _reply(req, []))
 
-def _v1_finalize(srv: PmiServer, st: _Rank, req: _Request) -> list[Output]:
+def _v1_finalize(srv: PmiState, st: _Rank, req: _Request) -> list[Output]:
     return pmi_kvs.finalize(srv, st, _reply(req, []))
 
-def _v1_abort(srv: PmiServer, st: _Rank, req: _Request) -> list[Output]:
+def _v1_abort(srv: PmiState, st: _Rank, req: _Request) -> list[Output]:
     return pmi_kvs.abort(srv, st, req.args.get("exitcode"), req.args.get("message", ""))
 
-def _v1_publish_name(srv: PmiServer, st: _Rank, req: _Request) -> list[Output]:
+def _v1_publish_name(srv: PmiState, st: _Rank, req: _Request) -> list[Output]:
     pmi_kvs.publish(srv, _key(srv, req, "service"), _value(srv, req, "port"))
     return [_reply(req, [("rc", "0")])]
 
-def _v1_unpublish_name(srv: PmiServer, st: _Rank, req: _Request) -> list[Output]:
+def _v1_unpublish_name(srv: PmiState, st: _Rank, req: _Request) -> list[Output]:
     pmi_kvs.unpublish(srv, _key(srv, req, "service"))
     return [_reply(req, [("rc", "0")])]
 
-def _v1_lookup_name(srv: PmiServer, st: _Rank, req: _Request) -> list[Output]:
+def _v1_lookup_name(srv: PmiState, st: _Rank, req: _Request) -> list[Output]:
     return [_reply(req, [("rc", "0"), ("port", pmi_kvs.lookup(srv, _key(srv, req, "service")))])]
 
-def _v1_spawn(srv: PmiServer, st: _Rank, req: _Request) -> list[Output]:
+def _v1_spawn(srv: PmiState, st: _Rank, req: _Request) -> list[Output]:
     # MPICH sends one mcmd block per command and reads one spawn_result after the last
     # (spawnssofar == totspawns); answering each block would desynchronize its stream.
     total, so_far = _int(req.args.get("totspawns")), _int(req.args.get("spawnssofar"))
@@ -205,7 +205,7 @@ def _v1_spawn(srv: PmiServer, st: _Rank, req: _Request) -> list[Output]:
 # ---- PMI-2 commands -----------------------------------------------------------------------------
 
 
-def _v2_fullinit(srv: PmiServer, st: _Rank, req: _Request) -> list[Output]:
+def _v2_fullinit(srv: PmiState, st: _Rank, req: _Request) -> list[Output]:
     if st.fullinit:
         raise _Refused("fullinit was already done on this connection")
     # MPICH sends pmirank ($PMI_ID or $PMI_RANK); Slurm's libpmi2 sends srcid=$PMI_ID.
@@ -230,27 +230,27 @@ def _v2_fullinit(srv: PmiServer, st: _Rank, req: _Request) -> list[Output]:
     pairs += [("debugged", "FALSE"), ("pmiverbose", "FALSE")]
     return [_ok(req, *pairs)]
 
-def _v2_job_getid(srv: PmiServer, st: _Rank, req: _Request) -> list[Output]:
+def _v2_job_getid(srv: PmiState, st: _Rank, req: _Request) -> list[Output]:
     return [_ok(req, ("jobid", srv.jobid))]
 
-def _v2_kvs_put(srv: PmiServer, st: _Rank, req: _Request) -> list[Output]:
+def _v2_kvs_put(srv: PmiState, st: _Rank, req: _Request) -> list[Output]:
     pmi_kvs.put_kvs(srv, _key(srv, req), _value(srv, req), staged=True)
     return [_ok(req)]
 
-def _v2_kvs_fence(srv: PmiServer, st: _Rank, req: _Request) -> list[Output]:
+def _v2_kvs_fence(srv: PmiState, st: _Rank, req: _Request) -> list[Output]:
     return pmi_kvs.enter_collective(srv, st, _ok(req))
 
-def _v2_kvs_get(srv: PmiServer, st: _Rank, req: _Request) -> list[Output]:
+def _v2_kvs_get(srv: PmiState, st: _Rank, req: _Request) -> list[Output]:
     jobid = req.args.get("jobid")
     if jobid and jobid != srv.jobid:
         raise _Refused(f"kvs-get for job {preview(jobid)}: only job {srv.jobid} is here")
     value = srv._kvs.get(_key(srv, req))  # srcid is only a hint; the KVS is flat
     return [_found(req, value)]
 
-def _v2_info_getjobattr(srv: PmiServer, st: _Rank, req: _Request) -> list[Output]:
+def _v2_info_getjobattr(srv: PmiState, st: _Rank, req: _Request) -> list[Output]:
     return [_found(req, srv._kvs.get(_key(srv, req)))]
 
-def _v2_info_putnodeattr(srv: PmiServer, st: _Rank, req: _Request) -> list[Output]:
+def _v2_info_putnodeattr(srv: PmiState, st: _Rank, req: _Request) -> list[Output]:
     key, value = _key(srv, req), _value(srv, req)
     pmi_kvs.store(srv, srv._node_attrs, key, value, srv._node_attrs.get(key), "node attribute")
     out: list[Output] = [_ok(req)]
@@ -258,7 +258,7 @@ def _v2_info_putnodeattr(srv: PmiServer, st: _Rank, req: _Request) -> list[Outpu
     out += [_found(held, value) for held in srv._node_waits.pop(key, [])]
     return out
 
-def _v2_info_getnodeattr(srv: PmiServer, st: _Rank, req: _Request) -> list[Output]:
+def _v2_info_getnodeattr(srv: PmiState, st: _Rank, req: _Request) -> list[Output]:
     key = _key(srv, req)
     wait = req.args.get("wait", "FALSE")
     if wait not in ("TRUE", "FALSE"):
@@ -276,32 +276,32 @@ def _found(req: _Request, value: str | None) -> Send:
         return _ok(req, ("found", "FALSE"))
     return _ok(req, ("found", "TRUE"), ("value", value))
 
-def _v2_name_publish(srv: PmiServer, st: _Rank, req: _Request) -> list[Output]:
+def _v2_name_publish(srv: PmiState, st: _Rank, req: _Request) -> list[Output]:
     pmi_kvs.publish(srv, _key(srv, req, "name"), _value(srv, req, "port"))
     return [_ok(req)]
 
-def _v2_name_unpublish(srv: PmiServer, st: _Rank, req: _Request) -> list[Output]:
+def _v2_name_unpublish(srv: PmiState, st: _Rank, req: _Request) -> list[Output]:
     pmi_kvs.unpublish(srv, _key(srv, req, "name"))
     return [_ok(req)]
 
-def _v2_name_lookup(srv: PmiServer, st: _Rank, req: _Request) -> list[Output]:
+def _v2_name_lookup(srv: PmiState, st: _Rank, req: _Request) -> list[Output]:
     return [_ok(req, ("port", pmi_kvs.lookup(srv, _key(srv, req, "name"))))]
 
-def _v2_finalize(srv: PmiServer, st: _Rank, req: _Request) -> list[Output]:
+def _v2_finalize(srv: PmiState, st: _Rank, req: _Request) -> list[Output]:
     return pmi_kvs.finalize(srv, st, _ok(req))
 
-def _v2_abort(srv: PmiServer, st: _Rank, req: _Request) -> list[Output]:
+def _v2_abort(srv: PmiState, st: _Rank, req: _Request) -> list[Output]:
     # Old clients send isworld= and msg=; the PMI-2 spec (and MPICH >= 4.2) exitcode= and
     # message=.
     message = req.args.get("message", req.args.get("msg", ""))
     return pmi_kvs.abort(srv, st, req.args.get("exitcode"), message)
 
-def _v2_spawn(srv: PmiServer, st: _Rank, req: _Request) -> list[Output]:
+def _v2_spawn(srv: PmiState, st: _Rank, req: _Request) -> list[Output]:
     raise _Refused("spawn is not supported by this launcher")
 
 
 #: A command's handler: the server, the rank that sent it, the request; what to do.
-Handler: TypeAlias = Callable[[PmiServer, _Rank, _Request], list[Output]]
+Handler: TypeAlias = Callable[[PmiState, _Rank, _Request], list[Output]]
 
 #: PMI-1 commands (line framing). Anything else gets an error reply.
 V1_HANDLERS: dict[str, Handler] = {
@@ -343,7 +343,7 @@ V2_HANDLERS: dict[str, Handler] = {
 # ---- dispatch -----------------------------------------------------------------------------------
 
 
-def handle(srv: PmiServer, st: _Rank, item: _Request | pmi_framing.Overlong) -> list[Output]:
+def handle(srv: PmiState, st: _Rank, item: _Request | pmi_framing.Overlong) -> list[Output]:
     """What one message from ``st``'s stream does: its command's outputs, or an error reply."""
     if isinstance(item, pmi_framing.Overlong):
         found = re.match(rb" *cmd=([^ \n]+)", item.head)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tether.supervisor.pmi import _Rank, _Request, _StreamError, _Wire
+from tether.supervisor.pmi_state import _Rank, _Request, _StreamError, _Wire
 from tether.supervisor.pmi_wire import (
     ABSURD_LINE_V1,
     MAX_COMMAND_V2,

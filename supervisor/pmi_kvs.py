@@ -7,7 +7,7 @@ Why a module of its own: the commands (pmi_commands.py) and the server's driving
 server: write-once keys, staged PMI-2 puts made visible by the fence that completes, a
 collective that needs all ``size`` ranks whichever protocol each speaks, and the first failure
 being the only one told (pmi.py's docstring, "Races and edges"). Each operation is a function
-of the server (``srv``); its state stays in ``PmiServer``'s attributes, which the handover
+of the server (``srv``); its state stays in ``PmiState``'s attributes, which the handover
 pickles (handover.FORMAT unchanged). pmi.py imports this module at its end, once those classes
 exist.
 """
@@ -16,13 +16,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from tether.supervisor.pmi import (
+from tether.supervisor.pmi_state import (
     ENTRY_OVERHEAD,
     Abort,
     Broken,
     Finalized,
     Output,
-    PmiServer,
+    PmiState,
     Send,
     _int,
     _Rank,
@@ -35,7 +35,7 @@ from tether.supervisor.pmi_wire import preview
 
 
 def store(
-    srv: PmiServer, table: dict[str, str], key: str, value: str, old: str | None, what: str
+    srv: PmiState, table: dict[str, str], key: str, value: str, old: str | None, what: str
 ) -> None:
     """Insert once. PMI keys are write-once; an identical re-put is accepted as a retry."""
     if old is not None:
@@ -55,21 +55,21 @@ def _size(n: int) -> str:
     return f"{n >> 20} MiB" if n >= 1 << 20 and not n & ((1 << 20) - 1) else f"{n} bytes"
 
 
-def put_kvs(srv: PmiServer, key: str, value: str, *, staged: bool) -> None:
+def put_kvs(srv: PmiState, key: str, value: str, *, staged: bool) -> None:
     old = srv._kvs.get(key, srv._staged.get(key))
     store(srv, srv._staged if staged else srv._kvs, key, value, old, "KVS")
 
 
-def publish(srv: PmiServer, name: str, port: str) -> None:
+def publish(srv: PmiState, name: str, port: str) -> None:
     store(srv, srv._names, name, port, srv._names.get(name), "published name")
 
 
-def unpublish(srv: PmiServer, name: str) -> None:
+def unpublish(srv: PmiState, name: str) -> None:
     if srv._names.pop(name, None) is None:
         raise _Refused(f"service {preview(name)} is not published")
 
 
-def lookup(srv: PmiServer, name: str) -> str:
+def lookup(srv: PmiState, name: str) -> str:
     port = srv._names.get(name)
     if port is None:
         raise _Refused(f"service {preview(name)} is not published")
@@ -79,7 +79,7 @@ def lookup(srv: PmiServer, name: str) -> str:
 # ---- collectives, finalize, abort ---------------------------------------------------------------
 
 
-def enter_collective(srv: PmiServer, st: _Rank, release: Send) -> list[Output]:
+def enter_collective(srv: PmiState, st: _Rank, release: Send) -> list[Output]:
     if st.rank in srv._waiting:
         # The client blocks in this call, so a second entry means its stream is confused.
         raise _StreamError(f"entered barrier/fence #{srv._epoch + 1} twice")
@@ -99,14 +99,14 @@ def enter_collective(srv: PmiServer, st: _Rank, release: Send) -> list[Output]:
     return list(released)
 
 
-def finalize(srv: PmiServer, st: _Rank, reply: Send) -> list[Output]:
+def finalize(srv: PmiState, st: _Rank, reply: Send) -> list[Output]:
     if st.finalized:
         raise _Refused("PMI finalize was already done on this connection")
     st.finalized = True
     return [reply, Finalized(rank=st.rank), *check_stuck(srv, st.rank)]
 
 
-def abort(srv: PmiServer, st: _Rank, code_text: str | None, message: str) -> list[Output]:
+def abort(srv: PmiState, st: _Rank, code_text: str | None, message: str) -> list[Output]:
     code = _int(code_text)
     code = 1 if code is None else code
     st.aborted = True
@@ -118,7 +118,7 @@ def abort(srv: PmiServer, st: _Rank, code_text: str | None, message: str) -> lis
 # ---- failure bookkeeping ------------------------------------------------------------------------
 
 
-def check_stuck(srv: PmiServer, culprit: int) -> list[Output]:
+def check_stuck(srv: PmiState, culprit: int) -> list[Output]:
     """Broken if a waiting collective or a held nodeattr request can never be answered."""
     if srv._waiting:
         gone = [
@@ -146,14 +146,14 @@ def check_stuck(srv: PmiServer, culprit: int) -> list[Output]:
     return []
 
 
-def broken(srv: PmiServer, rank: int, message: str) -> list[Output]:
+def broken(srv: PmiState, rank: int, message: str) -> list[Output]:
     if srv._failure is not None:  # the step is already failing; its story is told
         return []
     srv._failure = message
     return [Broken(rank=rank, message=message)]
 
 
-def _whereabouts(srv: PmiServer, rank: int) -> str:
+def _whereabouts(srv: PmiState, rank: int) -> str:
     st = srv._ranks[rank]
     if st.exited:
         ended = "exited with success" if st.exit_ok else "failed"
@@ -165,7 +165,7 @@ def _whereabouts(srv: PmiServer, rank: int) -> str:
     return "is still running"
 
 
-def drop_node_waits(srv: PmiServer, rank: int) -> None:
+def drop_node_waits(srv: PmiState, rank: int) -> None:
     for key in list(srv._node_waits):
         kept = [req for req in srv._node_waits[key] if req.rank != rank]
         if kept:

@@ -4,9 +4,9 @@
 leader is still an unreaped zombie, so the group id cannot have been reused. Once every task is
 reaped the step drains: the cgroup is killed until empty, and children re-parented to us (we are
 a subreaper) are found by the sweeper (sweeper.py: our children files, or a scan of /proc off
-the loop) and killed by pid, which is safe while they are unreaped. ``finish`` then writes the
-exit record and lingers for the agent's ``ack``. A mixin of ``service.Supervisor``; its state
-is ``state.py``'s.
+the loop) and killed by pid, which is safe while they are unreaped. The machine (machine.py)
+then ends the step: ``measure_end``, the exit record, ``announce_end``, the linger for the agent's
+``ack``. A mixin of ``service.Supervisor``; its state is ``state.py``'s.
 """
 
 from __future__ import annotations
@@ -17,14 +17,13 @@ import signal
 import time
 
 from tether.shared.timers import rfc3339_now
+from tether.supervisor.machine_events import AllReaped, Drained
 from tether.supervisor.state import SupervisorState, killpg
 from tether.supervisor.step import Phase, signal_name, usage_of
 from tether.supervisor.sweeper import read_children, scan_children
 
 log = logging.getLogger("tether.supervisor")
 
-#: How long to wait for killed leftovers to be reaped before writing the record anyway.
-DRAIN_TIMEOUT = 10.0
 #: How often a step's cgroup is looked at while its killed processes leave it.
 DRAIN_POLL = 0.005
 
@@ -66,13 +65,7 @@ class Reaping(SupervisorState):
                         # MPI semantics: one failed rank ends the step; the rest are killed.
                         self.kill_ranks(f"rank {task.rank} {how}")
         if self.step.phase is Phase.RUNNING and self.step.all_done:
-            self.step.advance(Phase.DRAINING)
-            if self.kill_timer:
-                self.kill_timer.cancel()
-            if self.limit_timer:
-                self.limit_timer.cancel()
-                self.limit_timer = None
-            self.drain_timer = self.timers.at(time.monotonic() + DRAIN_TIMEOUT, self.finish)
+            self.feed(AllReaped())
         if self.step.phase is Phase.DRAINING:
             self.cgroup_drained()  # kills what is left in the cgroup, the sooner the better
             self.sweeper.start()  # answered in swept(), on this loop
@@ -131,14 +124,14 @@ class Reaping(SupervisorState):
         return len(found)
 
     def finish(self) -> None:
-        if self.step.phase is not Phase.DRAINING:
-            return
-        if self.drain_timer:
-            self.drain_timer.cancel()
+        """No leftover is left: the machine ends the step (``Drained``), if it is draining."""
+        self.feed(Drained(linger=float(self.spec["linger"])))
+
+    def measure_end(self) -> None:
+        """The step's end in its record: what it used, an OOM kill, when it ended."""
         left = self.leftovers
         if left:
-            log.error("%d leftover process(es) survived SIGKILL for %gs; ending the step anyway",
-                      left, DRAIN_TIMEOUT)
+            log.error("%d leftover process(es) survived SIGKILL; ending the step anyway", left)
         if self.drain_check is not None:
             self.drain_check.cancel()
             self.drain_check = None
@@ -147,16 +140,18 @@ class Reaping(SupervisorState):
                                    self.cgroup.usage() if self.cgroup.active else {})
         if self.cgroup.active:
             if not self.cgroup.empty():
-                log.error("processes %s are still in the step's cgroup after %gs; ending the "
-                          "step anyway", sorted(self.cgroup.procs()), DRAIN_TIMEOUT)
+                log.error("processes %s are still in the step's cgroup; ending the step anyway",
+                          sorted(self.cgroup.procs()))
             if self.cgroup.oom_kills() and self.cgroup.memory_mb:
                 self.step.oom_mb = self.cgroup.memory_mb
                 log.warning("the OOM killer took %d process(es) of the step (limit %d MB)",
                             self.cgroup.oom_kills(), self.cgroup.memory_mb)
         self.step.ended_at = rfc3339_now()
         self.note_pmi_unused()  # in the record too
-        self.step.advance(Phase.EXITED)
-        self.write_record()
+
+    def announce_end(self) -> None:
+        """The record is out (on disk, or served from memory while the disk refuses): the
+        cgroup goes, the log says how the step ended, and ``step_ended`` wakes followers."""
         if self.cgroup.active and not self.cgroup.remove():
             log.error("cannot remove the step's cgroup %s", self.cgroup.dirs)
         assert self.record is not None
@@ -167,19 +162,5 @@ class Reaping(SupervisorState):
                else "no exit status")
         log.info("step ended: %s, %s%s", rec["state"], how,
                  f" ({rec['reason']})" if rec["reason"] else "")
-        self.emit("step_ended", state=self.record["state"], exit_code=self.record["exit_code"],
-                  signal=self.record["signal"], reason=self.record["reason"])
-        self.release_waiters()
-        linger = float(self.spec["linger"])
-        self.timers.at(time.monotonic() + linger, self.linger_expired)
-
-    def linger_expired(self) -> None:
-        if not self.record_durable:
-            # The result exists only in this process: exiting would lose it.
-            log.warning("no agent acknowledged the result and it is not on disk yet; "
-                        "staying another %gs", self.spec["linger"])
-            self.timers.at(time.monotonic() + float(self.spec["linger"]), self.linger_expired)
-            return
-        log.warning("no agent acknowledged the result within %gs; exiting and leaving the "
-                    "exit record at %s", self.spec["linger"], self.rd.sentinel)
-        self.running = False
+        self.emit("step_ended", state=rec["state"], exit_code=rec["exit_code"],
+                  signal=rec["signal"], reason=rec["reason"])

@@ -2,15 +2,14 @@
 
 Only the ``launching`` manifest is made durable (it says tasks may have run). The exit record is
 fsync'd and renamed into place before anyone is told the step ended; while that fails (a full
-disk) it is served from memory and written again every ``RECORD_RETRY`` seconds. Events (task
-started, task exited, step ended) wake the ``events`` followers (follow.py). A mixin of
-``service.Supervisor``; its state is ``state.py``'s.
+disk) it is served from memory and written again every ``machine.RECORD_RETRY`` seconds.
+Events (task started, task exited, step ended) wake the ``events`` followers (follow.py). A
+mixin of ``service.Supervisor``; its state is ``state.py``'s.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from typing import Any
 
 import tether
@@ -22,9 +21,6 @@ from tether.supervisor.state import SupervisorState
 from tether.supervisor.step import Phase
 
 log = logging.getLogger("tether.supervisor")
-
-#: seconds between attempts to write an exit record that could not be written (a full disk)
-RECORD_RETRY = 1.0
 
 
 class Recording(SupervisorState):
@@ -41,22 +37,16 @@ class Recording(SupervisorState):
             rec["usage"] = self.step.usage
         return rec
 
-    def write_record(self) -> None:
-        self.record = self.build_record()
-        self.retry_record()
-
-    def retry_record(self) -> None:
-        """Make the exit record durable; while that fails (a full disk) it is served from
-        memory and written again every RECORD_RETRY seconds."""
-        if self.remove_rundir or not self.running:
-            return
+    def write_record_file(self) -> bool:
+        """Make the exit record durable (fsync, rename); False if that failed (a full disk):
+        the machine has it served from memory meanwhile and written again (machine.py)."""
+        assert self.record is not None
         try:
             records.atomic_write_json(self.rd.sentinel, self.record)
-            self.record_durable = True
         except OSError as exc:
-            log.error("cannot write the exit record %s: %s; trying again in %gs",
-                      self.rd.sentinel, exc, RECORD_RETRY)
-            self.timers.at(time.monotonic() + RECORD_RETRY, self.retry_record)
+            log.error("cannot write the exit record %s: %s", self.rd.sentinel, exc)
+            return False
+        return True
 
     def write_manifest(self, *, launching: bool = False) -> bool:
         assert self.ident is not None

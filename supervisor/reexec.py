@@ -20,9 +20,10 @@ from typing import Any
 import tether
 from tether.shared import protocol
 from tether.shared.door import Door
-from tether.shared.errors import LaunchError, StateError
-from tether.supervisor import handover
+from tether.shared.errors import StateError
+from tether.supervisor import handover, machine
 from tether.supervisor.ctl import Ctl
+from tether.supervisor.machine_events import LaunchNotRecorded
 from tether.supervisor.pmi_io import PmiChannels
 from tether.supervisor.state import IGNORED_SIGNALS, TERMINATING, SupervisorState
 from tether.supervisor.step import Phase
@@ -60,12 +61,16 @@ class Reexec(SupervisorState):
                 self.channels.pending[int(rank)] = bytearray(data)
             self.sync_pmi_registrations()
         timers = state["timers"]
-        if "claim" in timers:
-            self.claim_timer = self.timers.at(timers["claim"], self.claim_expired)
-        if "kill" in timers:
-            self.kill_timer = self.timers.at(timers["kill"], self.kill_now)
-        if "limit" in timers:
-            self.limit_timer = self.timers.at(timers["limit"], self.time_limit_reached)
+        for name in ("claim", "kill", "limit"):
+            if name in timers:
+                self.arm(name, float(timers[name]))
+        if state["machine"] is not None:
+            self.machine = state["machine"]
+        else:  # an image of 0.6.0 or before had no machine: it is read off the step
+            self.machine = machine.resume(
+                self.step.phase, cancelled=self.step.cancelled, timed_out=self.step.timed_out,
+                terminated_by=self.step.terminated_by, durable=False,
+                terminating="kill" in timers)
         if self.step.phase is Phase.RUNNING:
             self.start_fencing()  # the lease is read again from the file: nothing to hand over
 
@@ -122,11 +127,8 @@ class Reexec(SupervisorState):
             self.answer_follower(f, upgrading=True)
         for w in self.event_waiters.take(None):
             self.answer_event_waiter(w, upgrading=True)
-        if self.opener is not None:  # a launch still opening files: the agent claims again
-            self.opener.kill()
-            self.drop_opener()
-        for p in self.claims.take(None):
-            self.reply(p.peer, protocol.error(p.rid, LaunchError("upgrading; claim again")))
+        if self.machine.state is machine.State.CLAIMED:  # still opening files: claim again
+            self.feed(LaunchNotRecorded(reason="upgrading; claim again"))
         state = handover.capture(self)
         state_fd = handover.write_state(state)
         keep = handover.kept_fds(state, self.lock_fd)

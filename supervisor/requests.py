@@ -3,16 +3,16 @@
 The agent speaks through the ROUTER on ``ctl/sock`` (inside a 0700 directory, ctl.py), people
 through the door (``sock``); every request from either goes through ``handle`` into
 ``handlers.dispatch`` (one table, one authorization by the kernel's credentials of the
-connection), and every reply leaves through ``reply`` by the endpoint it came in on. ``pids``
-and ``stats`` need a /proc scan that begins after the request: it runs on a thread
-(sweeper.Scan) and the reply is computed on the loop when the scan is in. A mixin of
-``service.Supervisor``; its state is ``state.py``'s.
+connection; a handler returns the reply, or the events to feed first, ``act``), and every reply
+leaves through ``reply`` by the endpoint it came in on. ``pids`` and ``stats`` need a /proc scan
+that begins after the request: it runs on a thread (sweeper.Scan) and the reply is computed on
+the loop when the scan is in. A mixin of ``service.Supervisor``; its state is ``state.py``'s.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, cast
+from typing import Any
 
 from tether.shared import protocol
 from tether.shared.door import answer
@@ -20,10 +20,8 @@ from tether.shared.door_conn import Conn
 from tether.shared.errors import TetherError
 from tether.supervisor import handlers
 from tether.supervisor.ctl import Ctl
+from tether.supervisor.machine_events import Act
 from tether.supervisor.state import PENDING, Peer, ScanReply, SupervisorState
-
-if TYPE_CHECKING:
-    from tether.supervisor.service import Supervisor
 
 log = logging.getLogger("tether.supervisor")
 
@@ -50,11 +48,18 @@ class Requests(SupervisorState):
 
     def handle(self, peer: Peer, req: protocol.Request) -> None:
         """One request from either transport: the same verbs, the same authorization."""
-        sup = cast("Supervisor", self)  # this part exists only mixed into a Supervisor
-        answer(lambda: handlers.dispatch(sup, peer, req), req, peer,
+        answer(lambda: self.act(handlers.dispatch(self, peer, req)), req, peer,
                lambda r: self.reply(peer, r), log, PENDING,
                peer.door if isinstance(peer, Conn) else None)
-        sup.give_back_again()  # what handling it copied of the template's pages, if quiet before
+        self.give_back_again()  # what handling it copied of the template's pages, if quiet before
+
+    def act(self, out: Any) -> Any:
+        """A handler's answer: its events fed (effects.py), then its reply."""
+        if not isinstance(out, Act):
+            return out
+        for event in out.events:
+            self.feed(event)
+        return out.reply(self) if callable(out.reply) else out.reply
 
     def after_scan(self, peer: Peer, rid: protocol.RequestId, compute: ScanReply) -> None:
         """Answer a request with ``compute(processes)`` from a /proc scan that begins after

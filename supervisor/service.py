@@ -41,8 +41,10 @@ from tether.shared import faults
 from tether.shared.door_listener import listen_socket
 from tether.supervisor import handover
 from tether.supervisor.claims import Claims
+from tether.supervisor.effects import Effects
 from tether.supervisor.fencing import Fencing
 from tether.supervisor.follow import Followers
+from tether.supervisor.machine_events import TerminateRequested
 from tether.supervisor.pmi_loop import PmiLoop
 from tether.supervisor.reaping import Reaping
 from tether.supervisor.recording import Recording
@@ -59,8 +61,8 @@ log = logging.getLogger("tether.supervisor")
 READY_MANIFEST_AFTER = 0.1
 
 
-class Supervisor(Requests, Claims, Terminating, Reaping, PmiLoop, Recording, Followers, Reexec,
-                 Fencing):
+class Supervisor(Effects, Requests, Claims, Terminating, Reaping, PmiLoop, Recording, Followers,
+                 Reexec, Fencing):
     """One step's supervisor: the loop here, the rest in its parts (see the module docstring)."""
 
     def run(self) -> int:
@@ -105,10 +107,8 @@ class Supervisor(Requests, Claims, Terminating, Reaping, PmiLoop, Recording, Fol
             # A "ready" manifest says what no manifest says (never ran: every reader takes the
             # two alike), so it is written only if the claim is late: a launch answers the
             # agent's hello at once and writes one file less (recording.py)
-            self.ready_timer = self.timers.at(time.monotonic() + READY_MANIFEST_AFTER,
-                                              self.ready_manifest)
-            self.claim_timer = self.timers.at(
-                time.monotonic() + float(self.spec["claim_timeout"]), self.claim_expired)
+            self.arm("ready", time.monotonic() + READY_MANIFEST_AFTER)
+            self.arm("claim", time.monotonic() + float(self.spec["claim_timeout"]))
             log.info("ready on %s (%s start); waiting up to %gs for the agent's claim",
                      self.rd.sock, self.start_kind, self.spec["claim_timeout"])
         poller = self.poller
@@ -202,8 +202,8 @@ class Supervisor(Requests, Claims, Terminating, Reaping, PmiLoop, Recording, Fol
             log.warning("received %s: ignored", signal_name(sig))
         for sig in got & set(TERMINATING):
             log.warning("received %s: terminating the step", signal_name(sig))
-            self.terminate(grace=float(self.spec.get("kill_grace", 10)), cancel=False,
-                           why=f"supervisor received {signal_name(sig)}")
+            self.feed(TerminateRequested(grace=float(self.spec.get("kill_grace", 10)), cancel=False,
+                                         why=f"supervisor received {signal_name(sig)}"))
 
 
 def private_dir(path: str) -> None:

@@ -1,12 +1,14 @@
 """The supervisor's state, shared by the parts of ``service.Supervisor``.
 
 The supervisor is one object on one loop, but its code is split by what it does: the loop
-(service.py), requests (requests.py), the launch (claims.py), ending a step (terminating.py,
+(service.py), requests (requests.py), what the step machine decides (machine.py, pure) and its
+effects carried out (effects.py), the launch (claims.py), ending a step (terminating.py,
 reaping.py), PMI (pmi_loop.py), records (recording.py), long polls (follow.py) and re-executing
 (reexec.py). Each part is a mixin of ``SupervisorState``, which holds every attribute (one
-``__init__``, so the whole state is read in one place) and declares the methods one part calls in
-another, so that each part type-checks on its own. ``Supervisor`` inherits all the parts, which
-come before this class in its MRO: the declarations below are never what runs.
+``__init__``, so the whole state is read in one place) and declares, for the type checker only,
+the methods one part calls in another, so that each part type-checks on its own: at run time
+each method exists once, in its part. Request handlers read this state as their view
+(handlers.py) and never call into the parts.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import signal
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tether.shared import faults, protocol
 from tether.shared.door import Door
@@ -29,10 +31,11 @@ from tether.shared.paths import RunDir
 from tether.shared.procid import ProcId
 from tether.shared.step_cgroup import StepCgroup
 from tether.shared.timers import Timer, Timers
-from tether.supervisor import introspect
+from tether.supervisor import introspect, machine
 from tether.supervisor.ctl import Ctl, CtlPeer
 from tether.supervisor.launch import Launcher
-from tether.supervisor.opener import Opener, ThreadOpener
+from tether.supervisor.machine_events import Event
+from tether.supervisor.opener import LaunchFailed, Opened, Opener, ThreadOpener
 from tether.supervisor.pmi import DEFAULT_MAX_STORE_BYTES, Output, PmiServer
 from tether.supervisor.pmi_io import PmiChannels, clean_env
 from tether.supervisor.step import Step
@@ -108,14 +111,16 @@ class SupervisorState:
         self.followers: Lot[None, Follow] = Lot(self.timers)
         self.event_waiters: Lot[None, int] = Lot(self.timers)
         self.record: dict[str, Any] | None = None
+        #: the step's state and what it decides (machine.py); effects.py carries it out and
+        #: writes its phase and flags into ``step``
+        self.machine = machine.start()
+        #: the machine's timers by name (machine_effects.TIMERS): claim, ready, kill, limit,
+        #: drain, linger, record, ack
+        self.machine_timers: dict[str, Timer] = {}
+        #: what the output opener handed back, until the launch takes it
+        self.opened_files: Opened | LaunchFailed | None = None
         self.running = True
         self.remove_rundir = False
-        #: the exit record is on disk (fsync'd); until then only this process holds it
-        self.record_durable = False
-        self.kill_timer: Timer | None = None
-        #: the job's time limit, armed at launch: SIGTERM, then SIGKILL after the grace
-        self.limit_timer: Timer | None = None
-        self.drain_timer: Timer | None = None
         self.drain_check: Timer | None = None
         #: a cluster step's lease (fencing.py): its file, the timeout, the last renewal seen
         #: (CLOCK_BOOTTIME), when watching began, and the next look
@@ -141,9 +146,6 @@ class SupervisorState:
                           (rd.path, "scan") if faults.supervisor_fault(HOLD_SCAN) else None)
         self.scan_seq = 0
         self.scan_waiters: Lot[int, ScanReply] = Lot(self.timers)
-        self.claim_timer: Timer | None = None
-        #: writes the ``ready`` manifest if no claim came soon (service.py); a claim cancels it
-        self.ready_timer: Timer | None = None
         #: the agent's endpoint: a ROUTER on ``ctl/sock`` (a 0700 directory, ctl.py), on the
         #: listening socket ``listen_fd``; a door on ``sock`` for an image resumed from format 1
         self.ctl: Ctl | Door | None = None
@@ -165,99 +167,79 @@ class SupervisorState:
         #: of before the doors (handover format 1): that one keeps its ROUTER on ``sock``
         self.door_fd = -1
         self.upgrade_requested = False
+        #: the release the installed build said it is, when an upgrade was asked for
+        self.upgrade_target: str | None = None
         #: the release this process ran before its last re-exec, if any
         self.upgraded_from: str | None = None
         self.resumed = False
 
     # ---- implemented by the parts (see the module's docstring) ---------------------------
+    # Declared for the type checker only: at run time each method exists once, in its part.
 
-    # claims.py
-    def abort(self, reason: str, *, cancel: bool, keep_record: bool) -> None:
-        raise NotImplementedError
+    if TYPE_CHECKING:
+        # claims.py
+        def answer_claims(self) -> None: ...
+        def discard_files(self) -> None: ...
+        def drop_opener(self) -> None: ...
+        def fork(self) -> None: ...
+        def give_back_again(self) -> None: ...
+        def kill_cgroup(self) -> None: ...
+        def start_opener(self, *, fork: bool = False) -> None: ...
 
-    def claim_expired(self) -> None:
-        raise NotImplementedError
+        # effects.py
+        def arm(self, name: str, when: float) -> None: ...
+        def feed(self, event: Event) -> None: ...
 
-    def drop_opener(self) -> None:
-        raise NotImplementedError
+        # fencing.py
+        def start_fencing(self) -> None: ...
 
-    def kill_cgroup(self) -> None:
-        raise NotImplementedError
+        # follow.py
+        def add_event_waiter(self, peer: Peer, rid: protocol.RequestId, after: int,
+                             hold: float) -> None: ...
+        def add_follower(self, peer: Peer, rid: protocol.RequestId, streams: tuple[str, ...],
+                         offsets: dict[str, int], hold: float) -> None: ...
+        def add_waiter(self, peer: Peer, rid: protocol.RequestId, hold: float) -> None: ...
+        def answer_event_waiter(self, w: Parked[int], *, force: bool = True,
+                                upgrading: bool = False) -> bool: ...
+        def answer_follower(self, f: Parked[Follow], *, force: bool = True,
+                            upgrading: bool = False) -> bool: ...
+        def note_stream(self, peer: Peer, verb: str, ended: bool) -> None: ...
+        def release_waiters(self) -> None: ...
+        def streams_active(self) -> bool: ...
+        def wake_event_waiters(self, *, force: bool = False) -> None: ...
+        def wake_followers(self, *, force: bool = False) -> None: ...
 
-    # fencing.py
-    def start_fencing(self) -> None:
-        raise NotImplementedError
+        # pmi_loop.py
+        def handle_pmi(self, outputs: list[Output]) -> None: ...
+        def kill_ranks(self, why: str) -> None: ...
+        def note_pmi_unused(self) -> None: ...
+        def sync_pmi_registrations(self) -> None: ...
 
-    # follow.py
-    def answer_event_waiter(self, w: Parked[int], *, force: bool = True,
-                            upgrading: bool = False) -> bool:
-        raise NotImplementedError
+        # reaping.py
+        def announce_end(self) -> None: ...
+        def measure_end(self) -> None: ...
+        def reap(self) -> None: ...
 
-    def answer_follower(self, f: Parked[Follow], *, force: bool = True,
-                        upgrading: bool = False) -> bool:
-        raise NotImplementedError
+        # recording.py
+        def build_record(self) -> dict[str, Any]: ...
+        def emit(self, kind: str, **fields: Any) -> None: ...
+        def ready_manifest(self) -> None: ...
+        def step_over(self) -> None: ...
+        def write_manifest(self, *, launching: bool = False) -> bool: ...
+        def write_record_file(self) -> bool: ...
 
-    def release_waiters(self) -> None:
-        raise NotImplementedError
+        # reexec.py
+        def request_upgrade(self) -> str: ...
 
-    def wake_event_waiters(self, *, force: bool = False) -> None:
-        raise NotImplementedError
+        # requests.py
+        def after_scan(self, peer: Peer, rid: protocol.RequestId, compute: ScanReply) -> None: ...
+        def on_door_close(self, conn: Conn) -> None: ...
+        def on_door_request(self, conn: Conn, req: protocol.Request) -> None: ...
+        def handle(self, peer: Peer, req: protocol.Request) -> None: ...
+        def reply(self, peer: Peer, reply: protocol.Reply) -> None: ...
 
-    def wake_followers(self, *, force: bool = False) -> None:
-        raise NotImplementedError
-
-    # pmi_loop.py
-    def handle_pmi(self, outputs: list[Output]) -> None:
-        raise NotImplementedError
-
-    def kill_ranks(self, why: str) -> None:
-        raise NotImplementedError
-
-    def sync_pmi_registrations(self) -> None:
-        raise NotImplementedError
-
-    def note_pmi_unused(self) -> None:
-        raise NotImplementedError
-
-    # reaping.py
-    def reap(self) -> None:
-        raise NotImplementedError
-
-    # recording.py
-    def build_record(self) -> dict[str, Any]:
-        raise NotImplementedError
-
-    def emit(self, kind: str, **fields: Any) -> None:
-        raise NotImplementedError
-
-    def step_over(self) -> None:
-        raise NotImplementedError
-
-    def write_manifest(self, *, launching: bool = False) -> bool:
-        raise NotImplementedError
-
-    def write_record(self) -> None:
-        raise NotImplementedError
-
-    # requests.py
-    def handle(self, peer: Peer, req: protocol.Request) -> None:
-        raise NotImplementedError
-
-    def on_door_close(self, conn: Conn) -> None:
-        raise NotImplementedError
-
-    def on_door_request(self, conn: Conn, req: protocol.Request) -> None:
-        raise NotImplementedError
-
-    def reply(self, peer: Peer, reply: protocol.Reply) -> None:
-        raise NotImplementedError
-
-    # terminating.py
-    def kill_now(self) -> None:
-        raise NotImplementedError
-
-    def time_limit_reached(self) -> None:
-        raise NotImplementedError
+        # terminating.py
+        def suspension_owed(self) -> float: ...
 
 
 def killpg(pgid: int, sig: int) -> None:
