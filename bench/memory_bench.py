@@ -10,13 +10,13 @@ dirty) and the template too; the agent, its template and every supervisor are ki
 next variant starts. The same number of steps in every variant: PSS divides each shared page
 among its sharers, so it is compared at equal counts only. Variants:
 
-- ``plain``: the template's heap stays anonymous memory (fault ``no-heapfile``), no ``--ksm``;
-- ``heapfile``: the template's heap is a memfd and each supervisor gives back its copies that
-  equal it again (supervisor/heapfile.py);
-- ``ksm``: ``plain`` plus ``agent --ksm``: each supervisor marks its own copies mergeable, and
-  ksmd runs for the variant (``/sys/kernel/mm/ksm/run`` set to 1 if this is root, its value put
-  back afterwards), at the speed the kernel has (``pages_to_scan``, ``sleep_millisecs``);
-- ``heapfile+ksm``: both.
+- ``plain``: the template as it is, no ``--ksm``;
+- ``ksm``: ``agent --ksm``: each supervisor marks its own copies mergeable (supervisor/ksm.py),
+  and ksmd runs for the variant (``/sys/kernel/mm/ksm/run`` set to 1 if this is root, its value
+  put back afterwards), at the speed the kernel has (``pages_to_scan``, ``sleep_millisecs``).
+
+(Until issue 26 it also weighed ``heapfile`` and ``heapfile+ksm``: the template's heap as a
+memfd, supervisor/heapfile.py, removed for saving 0.66 MiB an idle step; bench/README.md.)
 
 ``saves`` is each variant's median PSS below ``plain``'s of the same run. Progress on stderr;
 the table (and ``--json``: one object) on stdout.
@@ -59,10 +59,8 @@ from tether.shared.client import TetherError  # noqa: E402
 
 #: name -> (more agent options, the agent's environment's additions, ksmd wanted)
 VARIANTS: dict[str, tuple[tuple[str, ...], dict[str, str], bool]] = {
-    "plain": ((), {"TETHER_AGENT_FAULT": "no-heapfile"}, False),
-    "heapfile": ((), {}, False),
-    "ksm": (("--ksm",), {"TETHER_AGENT_FAULT": "no-heapfile"}, True),
-    "heapfile+ksm": (("--ksm",), {}, True),
+    "plain": ((), {}, False),
+    "ksm": (("--ksm",), {}, True),
 }
 
 
@@ -126,8 +124,9 @@ def table(results: dict[str, dict[str, Any]]) -> str:
             continue
         saves = f"{(base - r['pss_kib']) / 1024:.2f} MiB" if base is not None else "-"
         tpl = r.get("template_pss_kib")
+        tpl_text = f"{tpl / 1024:.1f} MiB" if tpl else "-"
         lines.append(f"| {name} | {r['pss_kib'] / 1024:.2f} MiB | {r['uss_kib'] / 1024:.2f} MiB "
-                     f"| {saves} | {tpl / 1024:.1f} MiB |" if tpl else "| - |")
+                     f"| {saves} | {tpl_text} |")
     return "\n".join(lines)
 
 

@@ -61,10 +61,6 @@ FAULTS = (
     Fault(AGENT, "no-lstopo", "the agent",
           "hwloc's `lstopo` is taken to be missing, as on a node without hwloc's tools: no "
           "topology XML, and MPI ranks discover the topology themselves"),
-    Fault(AGENT, "no-heapfile", "the supervisor template (it inherits the agent's "
-          "environment)",
-          "the template's heap stays anonymous memory (supervisor/heapfile.py): its "
-          "supervisors keep every private copy, as where the extension is not built"),
     Fault(SUPERVISOR, "die-after-launch", "each supervisor",
           "after starting its tasks, the supervisor SIGKILLs itself before writing the "
           "`running` manifest (row 13b), once the test says go (it creates `launched.go` in "

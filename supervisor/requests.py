@@ -45,7 +45,6 @@ class Requests(SupervisorState):
         sup = cast("Supervisor", self)  # this part exists only mixed into a Supervisor
         answer(lambda: handlers.dispatch(sup, peer, req), req, peer,
                lambda r: self.reply(peer, r), log, PENDING, peer.door)
-        sup.give_back_again()  # what handling it copied of the template's pages, if quiet before
 
     def after_scan(self, peer: Peer, rid: protocol.RequestId, compute: ScanReply) -> None:
         """Answer a request with ``compute(processes)`` from a /proc scan that begins after

@@ -123,9 +123,6 @@ class SupervisorState:
         self.lease_since: float | None = None
         self.fence_started = 0.0
         self.fence_timer: Timer | None = None
-        #: when this process last gave back its copies of the template's pages (heapfile.py;
-        #: None: not yet, or it has no heap file to compare with)
-        self.gave_back_at: float | None = None
         #: finds leftover children while draining: from the children files, else off the loop
         #: (sweeper.py)
         self.sweeper = Sweeper(rd.path if faults.supervisor_fault(HOLD) else None,

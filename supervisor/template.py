@@ -36,8 +36,9 @@ becomes a private copy of its own. This process therefore does, once and before 
 every supervisor would otherwise do for itself (argument parsing is skipped: ``entry.start``;
 logging is configured here), then collects and moves everything into the permanent generation
 (``gc.freeze``), with public mechanisms only: no CPython internals, no ctypes around them.
-Last, it turns its heap into a file (heapfile.py): a supervisor whose step runs gives back its
-copies of the pages that equal the template's again (bench/README.md has the figures).
+What an idle supervisor then holds of its own, and what the mechanisms this replaced saved
+(little: the heap as a file 0.66 MiB, the emptied at-fork lists 0.11), is in bench/README.md
+("Public mechanisms only").
 
 Same-page merging (``agent --ksm``, off by default: docs/operations.md). Most of the pages a
 supervisor copies end up byte-identical to another supervisor's (the same reference counts
@@ -73,9 +74,9 @@ import setproctitle
 
 import tether.supervisor.__main__ as entry
 import tether.supervisor.pmi_io  # noqa: F401  (everything a supervisor may load, loaded now)
-from tether.shared import faults, procid, template_wire
+from tether.shared import procid, template_wire
 from tether.shared.template_wire import TemplateError
-from tether.supervisor import heapfile, ksm
+from tether.supervisor import ksm
 from tether.supervisor.service import reset_signal_dispositions
 from tether.supervisor.template_watch import AgentWatch, serve_until_leaving
 
@@ -122,8 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     # and ignored signals would be every supervisor's (and their tasks') too.
     reset_signal_dispositions()
     # Python's own SIGINT handler too, where it was installed (a template not started as a
-    # background job): this process handles no signal, so nothing writes to its memory but
-    # its one thread (heapfile.py depends on that while its heap becomes a file)
+    # background job): this process handles no signal
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
         signal.signal(signal.SIGINT, signal.SIG_DFL)
     entry.configure_logging()  # the supervisors' root logger; each one only names itself
@@ -149,12 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         ksm.ENABLED = True  # each supervisor marks its own copies once its step runs (ksm.py)
     gc.collect()
     gc.freeze()  # from here on the collector leaves the imported world's pages alone
-    # the last change to this process's memory before it serves: its heap becomes a file
-    if faults.agent_fault(faults.agent_faults(), "no-heapfile"):
-        heap = "the heap stays anonymous (fault no-heapfile)"
-    else:
-        heap = heapfile.snapshot()
-    log.info("supervisor template %s ready on %s (%s)", identity, args.socket, heap)
+    log.info("supervisor template %s ready on %s", identity, args.socket)
     sys.stderr.flush()
     return serve_until_leaving(
         sock, args.socket, inode, watch, lambda conn: serve(conn, identity, watch))
