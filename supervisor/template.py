@@ -8,15 +8,17 @@ children keep sharing them), and waits on
 a ``SOCK_SEQPACKET`` socket only its own uid can use (0600 file, ``SO_PEERCRED`` checked). For
 each spawn request (the run directory, the supervisor's environment and umask; the run-dir lock,
 ``supervisors.log`` and the ready pipe as SCM_RIGHTS fds) it forks the supervisor as its
-*grandchild*: a middle child forks it and exits at once, so that it is re-parented to this
-process's parent (init or the nearest subreaper: the template itself was started detached), and
-it starts a session of its own (``setsid``: it leads it, as systemd's services and containerd's
-shims lead theirs; it opens no terminal). The template replies with the supervisor's pid, then
-reaps the middle child; the supervisor is never its child. Both forks are ``os.fork``: the
-interpreter's own fork protocol, its at-fork hooks included (``os.register_at_fork``), runs
-around each. (The template used to fork the supervisor as its sibling with a raw
-``clone(CLONE_PARENT)`` through ctypes, which saved the middle child; bench/README.md,
-"Public mechanisms only", has what the middle child costs.)
+*child* with ``os.fork`` (the interpreter's own fork protocol, its at-fork hooks included), and
+the child starts a session of its own (``setsid``: it leads it, as systemd's services and
+containerd's shims lead theirs; it opens no terminal). The template replies with the child's
+pid and never waits for it: this process ignores SIGCHLD, so the kernel reaps its supervisors
+as they exit (each sets SIGCHLD back to its default at once, before anything else), and when
+the template leaves first they are re-parented to its parent (init or the nearest subreaper:
+the template itself was started detached), the parent a cold supervisor has. Not a double fork
+(the supervisor re-parented at once, as the cold path's shell does it): its middle child made
+every warm spawn ~6 ms slower on this 2-core machine under load; and not, as before issue 26,
+a raw ``clone(CLONE_PARENT)`` through ctypes around CPython's fork hooks (bench/README.md,
+"Public mechanisms only").
 
 What a supervisor must not inherit from here, and how it is prevented (``become_supervisor``):
 - fds: every fd but stdin (/dev/null), stdout and stderr (the log), the lock and the ready pipe
@@ -28,7 +30,8 @@ What a supervisor must not inherit from here, and how it is prevented (``become_
 - at-fork hooks: those of the standard modules run as ``os.fork`` runs them (threading's and
   logging's re-make their locks; random's reseeds, and so does ``after_fork``);
 - environment, umask, cwd: set from the request and ``/``; signal dispositions: this process
-  resets them to the defaults once, at its start, and never handles a signal itself.
+  resets them to the defaults once, at its start, and never handles a signal itself (SIGCHLD,
+  which it ignores, is set back to its default in the child).
 
 Memory. What a supervisor shares with this process is whatever it never writes to; CPython
 writes to every object it touches (reference counts), so each page a forked supervisor touches
@@ -126,6 +129,9 @@ def main(argv: list[str] | None = None) -> int:
     # background job): this process handles no signal
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
         signal.signal(signal.SIGINT, signal.SIG_DFL)
+    # Its supervisors are its children, and it never waits for them: the kernel reaps them
+    # (each sets SIGCHLD back to its default at once)
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)
     entry.configure_logging()  # the supervisors' root logger; each one only names itself
     identity = template_wire.template_identity(args.ksm)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -198,8 +204,6 @@ def serve(conn: socket.socket, identity: str, watch: AgentWatch | None = None) -
                 _reply(conn, {"ok": False, "error": str(exc)})
             else:
                 _reply(conn, {"ok": True, "pid": pid})
-            finally:
-                reap_middle()
         else:
             _reply(conn, {"ok": False, "error": f"unknown op {op!r}"})
         return str(op)
@@ -221,50 +225,20 @@ def _peer_gone(conn: socket.socket) -> bool:
 
 
 def fork_supervisor(run_dir: str, env: dict[str, str], umask: int, fds: list[int]) -> int:
-    """Fork the supervisor as a grandchild whose parent exits at once (see the module's
-    docstring); its pid. The middle child is left for ``reap_middle``."""
-    global _middle
+    """Fork the supervisor (see the module's docstring); its pid."""
     lock_fd, log_fd, ready_fd = fds
     sys.stderr.flush()
-    r, w = os.pipe()
-    middle = os.fork()
-    if middle == 0:  # pragma: no cover (runs in the child)
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover (runs in the child)
         try:
-            os.close(r)
-            pid = os.fork()
-            if pid == 0:
-                os.close(w)
-                try:
-                    os.setsid()  # not a group's leader: the template's group is its own
-                except OSError:
-                    os._exit(EXIT_SETUP_FAILED)
-                become_supervisor(run_dir, env, umask, lock_fd, log_fd, ready_fd)
-            os.write(w, str(pid).encode())
-        finally:
-            os._exit(0)
-    _middle = middle
-    os.close(w)
-    try:
-        data = os.read(r, 32)
-    finally:
-        os.close(r)
-    if not data:
-        reap_middle()
-        raise TemplateError("the middle child exited before it forked the supervisor")
-    return int(data)
-
-
-#: the middle child of the last fork, once the supervisor's pid is known: reaped after the
-#: reply (its exit, the teardown of its copy of the page tables, need not delay the agent)
-_middle = 0
-
-
-def reap_middle() -> None:
-    global _middle
-    if _middle:
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(_middle, 0)
-        _middle = 0
+            # this process's SIGCHLD is ignored (no zombies of its own); the supervisor
+            # reaps its tasks
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            os.setsid()
+        except OSError:
+            os._exit(EXIT_SETUP_FAILED)
+        become_supervisor(run_dir, env, umask, lock_fd, log_fd, ready_fd)
+    return pid
 
 
 def become_supervisor(run_dir: str, env: dict[str, str], umask: int, lock_fd: int,
