@@ -16,7 +16,8 @@ among its sharers, so it is compared at equal counts only. Variants:
   put back afterwards), at the speed the kernel has (``pages_to_scan``, ``sleep_millisecs``).
 
 (Until issue 26 it also weighed ``heapfile`` and ``heapfile+ksm``: the template's heap as a
-memfd, supervisor/heapfile.py, removed for saving 0.66 MiB an idle step; bench/README.md.)
+memfd, supervisor/heapfile.py, removed for saving 0.66-0.96 MiB an idle step on 3.11-3.14;
+bench/README.md, "Public mechanisms only".)
 
 ``saves`` is each variant's median PSS below ``plain``'s of the same run. Progress on stderr;
 the table (and ``--json``: one object) on stdout.

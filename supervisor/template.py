@@ -40,8 +40,8 @@ every supervisor would otherwise do for itself (argument parsing is skipped: ``e
 logging is configured here), then collects and moves everything into the permanent generation
 (``gc.freeze``), with public mechanisms only: no CPython internals, no ctypes around them.
 What an idle supervisor then holds of its own, and what the mechanisms this replaced saved
-(little: the heap as a file 0.66 MiB, the emptied at-fork lists 0.11), is in bench/README.md
-("Public mechanisms only").
+(little: the heap as a file 0.66-0.96 MiB on 3.11-3.14, the emptied at-fork lists 0.11 on
+3.11), is in bench/README.md ("Public mechanisms only").
 
 Same-page merging (``agent --ksm``, off by default: docs/operations.md). Most of the pages a
 supervisor copies end up byte-identical to another supervisor's (the same reference counts
