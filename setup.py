@@ -1,9 +1,5 @@
-"""The one compiled part of tether (supervisor/_heapfile.c: supervisor/heapfile.py says why),
-the files installed under share/, and where a build works; everything else is in
-pyproject.toml.
-
-The extension is optional: where it cannot be built (no C compiler), tether installs and runs
-without it, and its template says so in supervisors.log.
+"""The files installed under share/, and where a build works; everything else is in
+pyproject.toml. tether is pure Python: nothing is compiled.
 
 Under the installation's prefix (``/usr/local`` for a system pip, the venv's own directory):
 ``share/doc/tether`` (README, LICENSE, docs/), ``share/tether/systemd`` (the unit and the slice,
@@ -19,7 +15,7 @@ install (scripts/setup.sh), which building a wheel there used to delete.
 import glob
 import os
 
-from setuptools import Extension, setup
+from setuptools import setup
 
 DATA_FILES = [
     ("share/doc/tether", ["README.md", "LICENSE", *sorted(glob.glob("docs/*.md"))]),
@@ -36,6 +32,4 @@ if base:
     options = {"build": {"build_base": os.path.join(base, "build")},
                "egg_info": {"egg_base": base}}
 
-setup(ext_modules=[Extension("tether.supervisor._heapfile", ["supervisor/_heapfile.c"],
-                             extra_compile_args=["-O2", "-Wall"], optional=True)],
-      data_files=DATA_FILES, options=options)
+setup(data_files=DATA_FILES, options=options)

@@ -4,14 +4,16 @@ The agent takes the run directory's lock *before* the spawn and hands the locked
 supervisor: there is no moment in which a live supervisor's directory looks abandoned, so a
 restarted agent can never take a starting supervisor for a dead one and run its job twice.
 
-Two ways to start one, both ending in the same process: a child of init or the nearest
-subreaper, never of the agent, in a session of its own, stdin on /dev/null, stdout and stderr
-appended to ``supervisors.log``; nothing sent to the agent or its process group reaches it.
+Two ways to start one, both ending in the same process: never the agent's child (cold: init's
+or the nearest subreaper's; warm: the template's until it leaves), in a session of its own,
+stdin on /dev/null, stdout and stderr appended to ``supervisors.log``; nothing sent to the
+agent or its process group reaches it.
 - **Warm** (``supervisor/template.py``): one request on the template's socket carries the lock,
-  the log and the ready pipe as SCM_RIGHTS fds; the template forks the supervisor as its own
-  sibling (``clone(CLONE_PARENT)``: the session is the supervisor's, which leads it) and replies
-  with its pid. About 100 times cheaper than a Python start, and the child shares the
-  template's memory pages.
+  the log and the ready pipe as SCM_RIGHTS fds; the template forks the supervisor as its child
+  (``os.fork``: the session is the supervisor's, which leads it; the kernel reaps it, and it
+  goes to init or the nearest subreaper if the template leaves first) and replies with its
+  pid. About 100 times cheaper than a Python start, and the child shares the template's
+  memory pages.
 - **Cold**, when the template is missing or broken (said once in the log): ``/bin/sh`` is
   started in a new session and backgrounds ``python -I -m tether.supervisor``, printing its pid.
 

@@ -2,7 +2,7 @@
 # Installs what tether needs on a fresh Debian machine (run as root, or with sudo available).
 #   bash scripts/setup.sh          tether itself, and nothing more (what the demo runs on):
 #                                  libcap headers for python-prctl, gcc and Python's headers
-#                                  (python-prctl and supervisor/_heapfile.c are compiled),
+#                                  (python-prctl is compiled),
 #                                  Debian's python3 with venv,
 #                                  and a venv at .venv with tether and its dependencies
 #   bash scripts/setup.sh --cluster  also postgresql (scripts/demo_cluster.sh starts a throwaway

@@ -61,14 +61,6 @@ FAULTS = (
     Fault(AGENT, "no-lstopo", "the agent",
           "hwloc's `lstopo` is taken to be missing, as on a node without hwloc's tools: no "
           "topology XML, and MPI ranks discover the topology themselves"),
-    Fault(AGENT, "template-forks-twice", "the supervisor template (it inherits the agent's "
-          "environment)",
-          "the template forks each supervisor twice, as where the kernel refuses "
-          "`clone(CLONE_PARENT)`: a middle child starts the session and exits"),
-    Fault(AGENT, "no-heapfile", "the supervisor template (it inherits the agent's "
-          "environment)",
-          "the template's heap stays anonymous memory (supervisor/heapfile.py): its "
-          "supervisors keep every private copy, as where the extension is not built"),
     Fault(SUPERVISOR, "die-after-launch", "each supervisor",
           "after starting its tasks, the supervisor SIGKILLs itself before writing the "
           "`running` manifest (row 13b), once the test says go (it creates `launched.go` in "
@@ -104,13 +96,6 @@ FAULTS = (
     Fault("TETHER_AUDIT_IMPORTS", "1", "each supervisor",
           "an audit hook logs `late import of M after start-up` to `supervisors.log` for any "
           "module imported once start-up is over"),
-    Fault("TETHER_RECORD_LOOKUPS", "DIR", "each supervisor forked from the template",
-          "writes `DIR/PID.lookups` as it exits: the (type, attribute name) entries of its "
-          "CPython type attribute cache (`python -m bench.hotcode` makes the list the template "
-          "fills the cache with from them)"),
-    Fault("TETHER_RECORD_CALLS", "DIR", "each supervisor forked from the template",
-          "writes `DIR/PID.calls` as it exits: every function it ran, in the order it first "
-          "ran them (`python -m bench.hotcode` makes the list the template packs from them)"),
     Fault("TETHER_SUBUID_FILE", "PATH", "the agent",
           "reads the subordinate uids' ranges (who counts as whom at its door) from PATH "
           "instead of `/etc/subuid` (the same checks: root's, writable by no one else)"),

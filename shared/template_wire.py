@@ -48,8 +48,7 @@ class TemplateError(Exception):
 
 
 def code_identity() -> str:
-    """The release and a digest of the supervisor's source files (and its one compiled
-    extension) as they are on disk now."""
+    """The release and a digest of the supervisor's source files as they are on disk now."""
     root = os.path.dirname(os.path.abspath(tether.__file__))
     digest = sha1(usedforsecurity=False)
     for sub in ("", "shared", "supervisor"):
@@ -59,7 +58,7 @@ def code_identity() -> str:
         except OSError:
             continue
         for name in names:
-            if name.endswith((".py", ".so")):  # the compiled _heapfile too
+            if name.endswith(".py"):
                 try:
                     st = os.stat(os.path.join(folder, name))
                 except OSError:

@@ -20,7 +20,7 @@ from tether.shared import faults, protocol
 from tether.shared.errors import StateError
 from tether.shared.step_cgroup import CgroupError, StepCgroup
 from tether.shared.timers import rfc3339_now
-from tether.supervisor import handlers, heapfile, ksm
+from tether.supervisor import handlers, ksm
 from tether.supervisor.machine_events import FilesOpened
 from tether.supervisor.opener import ForkInstead, LaunchFailed, Opened, new_opener, output_paths
 from tether.supervisor.state import SupervisorState, killpg
@@ -124,38 +124,8 @@ class Claims(SupervisorState):
         self.write_manifest()
         if ksm.ENABLED:
             self.timers.at(time.monotonic() + ksm.DELAY, ksm.mark_now)
-        if heapfile.inherited():
-            self.timers.at(time.monotonic() + heapfile.DELAY, self.give_back_copies)
         log.info("launched %d task(s): pids %s", self.step.ntasks,
                  [t.pid for t in self.step.tasks])
-
-    def give_back_copies(self, tries: int = heapfile.TRIES, *, quiet: bool = False) -> None:
-        """The private copies of the template's pages that equal them again go (heapfile.py),
-        once no other thread of ours runs (a scan, the output opener). The first time says so
-        in the log; the later ones (``again``) only if they fail."""
-        got = heapfile.give_back()
-        if got is None:
-            if tries > 1:
-                self.timers.at(time.monotonic() + heapfile.RETRY,
-                               lambda: self.give_back_copies(tries - 1, quiet=quiet))
-            return
-        ok, line = got
-        self.gave_back_at = time.monotonic()
-        if quiet and ok:
-            return
-        log.log(logging.INFO if ok else logging.WARNING, "%s", line)
-        if ok:  # what the line itself just copied (the logging machinery's objects) goes too
-            heapfile.give_back()
-
-    def give_back_again(self) -> None:
-        """After any request that ends a quiet spell of a running step (the agent's long poll,
-        renewed every minute; someone's ``inspect``): its handling copied pages it only
-        passed through, which go again soon after."""
-        if (self.gave_back_at is not None and self.step.phase is Phase.RUNNING
-                and time.monotonic() - self.gave_back_at > heapfile.AGAIN_AFTER):
-            self.gave_back_at = time.monotonic()  # one pass per quiet spell
-            self.timers.at(time.monotonic() + heapfile.DELAY,
-                           lambda: self.give_back_copies(quiet=True))
 
     def make_cgroup(self) -> None:
         """The step's cgroup, before the first fork; the launcher puts each task in it."""

@@ -51,7 +51,6 @@ class Requests(SupervisorState):
         answer(lambda: self.act(handlers.dispatch(self, peer, req)), req, peer,
                lambda r: self.reply(peer, r), log, PENDING,
                peer.door if isinstance(peer, Conn) else None)
-        self.give_back_again()  # what handling it copied of the template's pages, if quiet before
 
     def act(self, out: Any) -> Any:
         """A handler's answer: its events fed (effects.py), then its reply."""

@@ -137,7 +137,7 @@ def test_the_sdist_and_its_wheel_carry_the_docs_units_man_page_and_completions(
         names = {n.removeprefix(top) for n in tar.getnames()}
         tar.extractall(scratch)  # (our own archive, just built)
     for want in ("LICENSE", "README.md", "pyproject.toml", "setup.py", "MANIFEST.in",
-                 "scripts/tether_build.py", "supervisor/_heapfile.c", "docs/operations.md",
+                 "scripts/tether_build.py", "docs/operations.md",
                  "docs/cli.md", "contrib/systemd/tether-agent.service",
                  "contrib/systemd/tether.slice", "contrib/man/tether.1",
                  "contrib/completion/bash/tether", "contrib/completion/zsh/_tether",

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -78,10 +79,9 @@ def test_forked_supervisor_is_detached_and_inherits_nothing(make_node: object) -
     w, c = sups[warm], sups[cold]
     wst, tst = proc_stat(w), proc_stat(template)
     assert wst is not None and tst is not None
-    # detached: the template's sibling (the parent a double fork leaves it with), the leader
-    # of a session of its own
-    assert wst.ppid == tst.ppid and wst.ppid not in (template, warm.agent.pid if warm.agent
-                                                      else -1)
+    # detached: the template's child (os.fork), never the agent's, the leader of a session of
+    # its own
+    assert wst.ppid == template and tst.ppid != (warm.agent.pid if warm.agent else -1)
     assert wst.session == w != tst.session
     assert os.getsid(w) != os.getsid(warm.agent.pid if warm.agent else 0)
 
@@ -119,6 +119,8 @@ def test_forked_supervisor_is_detached_and_inherits_nothing(make_node: object) -
     for n in (warm, cold):
         n.ok("cancel", str(jobs[n]))
         assert n.wait_end(jobs[n])["state"] == "cancelled"
+    # the template never waits for its supervisors: the kernel reaps them (no zombie is left)
+    poll_until(lambda: proc_stat(w) is None, 30, "the ended warm supervisor to be reaped")
 
 
 def test_signals_the_agent_ignores_reach_neither_supervisors_nor_tasks(
@@ -305,72 +307,6 @@ def test_status_is_answered_while_fifty_steps_start(make_node: object) -> None:
     poll_until(lambda: node.status()["jobs"].get("cancelled") == 50, 60, "all 50 cancelled")
 
 
-CLONE_PROBE = """
-import os, sys, threading
-from tether.supervisor import template
-try:
-    pid = template.clone_sibling()
-except OSError as exc:
-    print("refused", exc.errno, exc)
-    sys.exit(0)
-if pid == 0:
-    # a working interpreter: threads start, the main thread is this one
-    t = threading.Thread(target=lambda: None)
-    t.start()
-    t.join()
-    print("child", os.getpid(), os.getppid(), threading.current_thread() is threading.main_thread(),
-          flush=True)
-    os._exit(7)
-print("parent", os.getpid(), pid, flush=True)
-"""
-
-
-def test_clone_sibling_makes_a_child_of_its_callers_parent() -> None:
-    """The supervisor's fork (``clone(CLONE_PARENT)``): the child is this test's, not the
-    caller's, and its interpreter works, threads included; this test reaps it."""
-    res = subprocess.run([sys.executable, "-c", CLONE_PROBE], capture_output=True, text=True,
-                         timeout=60, stdin=subprocess.DEVNULL)
-    assert res.returncode == 0, res.stderr
-    lines = dict((ln.split(" ", 1)) for ln in res.stdout.strip().splitlines())
-    assert "parent" in lines and "child" in lines, (res.stdout, res.stderr)
-    caller, child = (int(x) for x in lines["parent"].split())
-    try:
-        pid, status = os.waitpid(child, 0)  # ours: ChildProcessError otherwise
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(child, signal.SIGKILL)
-    assert os.waitstatus_to_exitcode(status) == 7
-    me, ppid, main = lines["child"].split()
-    assert (int(me), int(ppid), main) == (child, os.getpid(), "True") and caller != child
-
-
-def test_clone_sibling_is_refused_to_an_init() -> None:
-    """A namespace's init may not use ``CLONE_PARENT``: EINVAL, which sends the template to its
-    double fork."""
-    res = subprocess.run(["unshare", "--pid", "--fork", sys.executable, "-c", CLONE_PROBE],
-                         capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
-    assert res.returncode == 0, res.stderr
-    assert res.stdout.startswith("refused 22 "), res.stdout
-
-
-def test_where_clone_parent_is_refused_the_template_forks_twice(make_node: object) -> None:
-    """The fallback: a middle child starts the session and exits, so the supervisor is
-    re-parented away, in a session of its own that it does not lead, and runs its step."""
-    node: Node = make_node()  # type: ignore[operator]
-    node.env["TETHER_AGENT_FAULT"] = "template-forks-twice"
-    node.start()
-    template = wait_template(node)
-    job = node.submit("sleep", "60")
-    sup = supervisor_of(node, job)
-    assert "warm start" in start_line(node, sup)
-    st, tst = proc_stat(sup), proc_stat(template)
-    assert st is not None and tst is not None
-    assert st.ppid not in (template, node.agent.pid if node.agent else -1)
-    assert st.session not in (tst.session, sup)
-    node.ok("cancel", str(job))
-    assert node.wait_end(job)["state"] == "cancelled"
-
-
 def test_the_template_and_its_supervisors_map_no_compression_or_crypto_library(
         node: Node) -> None:
     """Every shared object the template maps, each fork copies the mappings of and each exit
@@ -387,3 +323,28 @@ def test_the_template_and_its_supervisors_map_no_compression_or_crypto_library(
             pid, sorted(libs))
     node.ok("cancel", str(job))
     assert node.wait_end(job)["state"] == "cancelled"
+
+
+#: what the code may not use (issue 26): CPython's private API, by ctypes or in C (``_Py``
+#: names, ``sys._`` functions, ``ctypes.pythonapi``, ``PyDLL``), and raw system calls through
+#: ctypes (libc's ``syscall``) where the standard library has the call
+PRIVATE = re.compile(r"\b_Py[A-Z]\w*|\bsys\._[a-z]\w*|\bpythonapi\b|\bPyDLL\b|\.syscall\b")
+
+
+def test_no_cpython_private_api_and_no_raw_syscalls_anywhere_in_the_package() -> None:
+    """A scan of every source file installed (Python and C): the template forks with
+    ``os.fork`` and prepares its memory with public mechanisms only."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    found = []
+    for top in ("tether", "shared", "supervisor", "agent", "cli"):
+        for dirpath, _, files in os.walk(os.path.join(root, top)):
+            for name in files:
+                if not name.endswith((".py", ".c", ".h")):
+                    continue
+                path = os.path.join(dirpath, name)
+                with open(path) as f:
+                    for n, line in enumerate(f, 1):
+                        if PRIVATE.search(line.split("#", 1)[0] if name.endswith(".py")
+                                          else line):
+                            found.append(f"{os.path.relpath(path, root)}:{n}: {line.strip()}")
+    assert not found, "\n".join(found)
