@@ -5,8 +5,8 @@ pays that once. It imports everything a supervisor ever loads (pyzmq among them:
 ROUTER, ctl.py), configures the supervisors' logging, creates no ZeroMQ context (each supervisor
 makes its own after the fork, with libzmq's two threads) and no thread, moves every object it
 made into the permanent GC generation (``gc.freeze``: the collector then never writes to those
-pages, so forked children keep sharing them), and waits on a ``SOCK_SEQPACKET`` socket only its own uid can use (0600 file, ``SO_PEERCRED`` checked). For
-each spawn request (the run directory, the supervisor's environment and umask; the run-dir lock,
+pages, so forked children keep sharing them), and waits on a ``SOCK_SEQPACKET`` socket only
+its own uid can use (0600 file, ``SO_PEERCRED`` checked). For each spawn request (the run directory, the supervisor's environment and umask; the run-dir lock,
 ``supervisors.log`` and the ready pipe as SCM_RIGHTS fds) it forks the supervisor as its
 *child* with ``os.fork`` (the interpreter's own fork protocol, its at-fork hooks included), and
 the child starts a session of its own (``setsid``: it leads it, as systemd's services and
