@@ -5,20 +5,20 @@ pays that once. It imports everything a supervisor ever loads (pyzmq among them:
 ROUTER, ctl.py), configures the supervisors' logging, creates no ZeroMQ context (each supervisor
 makes its own after the fork, with libzmq's two threads) and no thread, moves every object it
 made into the permanent GC generation (``gc.freeze``: the collector then never writes to those
-pages, so forked children keep sharing them), and waits on a ``SOCK_SEQPACKET`` socket only
-its own uid can use (0600 file, ``SO_PEERCRED`` checked). For each spawn request (the run directory, the supervisor's environment and umask; the run-dir lock,
-``supervisors.log`` and the ready pipe as SCM_RIGHTS fds) it forks the supervisor as its
-*child* with ``os.fork`` (the interpreter's own fork protocol, its at-fork hooks included), and
-the child starts a session of its own (``setsid``: it leads it, as systemd's services and
-containerd's shims lead theirs; it opens no terminal). The template replies with the child's
-pid and never waits for it: this process ignores SIGCHLD, so the kernel reaps its supervisors
-as they exit (each sets SIGCHLD back to its default at once, before anything else), and when
-the template leaves first they are re-parented to its parent (init or the nearest subreaper:
-the template itself was started detached), the parent a cold supervisor has. Not a double fork
-(the supervisor re-parented at once, as the cold path's shell does it): its middle child made
-every warm spawn ~6 ms slower on this 2-core machine under load; and not, as before issue 26,
-a raw ``clone(CLONE_PARENT)`` through ctypes around CPython's fork hooks (bench/README.md,
-"Public mechanisms only").
+pages, so forked children keep sharing them), and waits on a ``SOCK_SEQPACKET`` socket only its
+own uid can use (0600 file, ``SO_PEERCRED`` checked). For each spawn request (the run directory,
+the supervisor's environment and umask; the run-dir lock, ``supervisors.log`` and the ready pipe
+as SCM_RIGHTS fds) it forks the supervisor as its *child* with ``os.fork`` (the interpreter's
+own fork protocol, its at-fork hooks included), and the child starts a session of its own
+(``setsid``: it leads it, as systemd's services and containerd's shims lead theirs; it opens no
+terminal). The template replies with the child's pid and never waits for it: this process
+ignores SIGCHLD, so the kernel reaps its supervisors as they exit (each sets SIGCHLD back to its
+default at once, before anything else), and when the template leaves first they are re-parented
+to its parent (init or the nearest subreaper: the template itself was started detached), the
+parent a cold supervisor has. Not a double fork (the supervisor re-parented at once, as the cold
+path's shell does it): its middle child made every warm spawn ~6 ms slower on this 2-core
+machine under load; and not, as before issue 26, a raw ``clone(CLONE_PARENT)`` through ctypes
+around CPython's fork hooks (bench/README.md, "Public mechanisms only").
 
 What a supervisor must not inherit from here, and how it is prevented (``become_supervisor``):
 - fds: every fd but stdin (/dev/null), stdout and stderr (the log), the lock and the ready pipe
