@@ -60,6 +60,14 @@ def submit(layout: Layout, ns: argparse.Namespace) -> int:
         args["slurm_env"] = True
     if getattr(ns, "no_requeue", False):
         args["requeue"] = False
+    if getattr(ns, "container", None) is not None:
+        from tether.cli.container_arg import container_arg  # container jobs only
+
+        args["container"] = container_arg(ns.container, ns.container_mounts,
+                                          ns.container_runtime)
+    elif getattr(ns, "container_mounts", None) or getattr(ns, "container_runtime", None):
+        raise CliError("submit: --container-mounts and --container-runtime need --container",
+                       EXIT_USAGE)
     if os.geteuid() == 0:
         root_owned(layout)
     from tether.shared.framing import FrameTooLarge  # the client has it loaded already

@@ -94,6 +94,9 @@ def add_agent(sub: Any) -> None:
     a.add_argument("--pmi-store-mb", type=positive, default=16, metavar="MB",
                    help="the most memory a step's PMI key-value store may hold, in MiB (each "
                    "entry counted with its overhead); a put past it is refused (default 16)")
+    a.add_argument("--container-runtime", default="crun", choices=["crun", "runc"],
+                   help="the OCI runtime of container jobs (submit --container) that name "
+                   "none (default crun; docs/containers.md)")
     a.add_argument("--max-queued-per-user", type=non_negative, default=1000, metavar="N",
                    help="the most pending jobs one user may have (each array element "
                    "counted; Slurm's MaxSubmitJobs): a submission past it is refused; 0: no "

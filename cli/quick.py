@@ -47,6 +47,12 @@ def _pmi(text: str) -> str:
     return text
 
 
+def _runtime(text: str) -> str:
+    if text not in ("crun", "runc"):
+        raise ValueError(text)
+    return text
+
+
 def _text(text: str) -> str:
     return text
 
@@ -105,7 +111,10 @@ _SUBMIT: dict[str, Option] = {
     **_names("begin", ONE, argtypes.begin_time, "-b", "--begin"),
     **_names("hold", FLAG, _text, "-H", "--hold"), **_names("wait", FLAG, _text, "-W", "--wait"),
     "--no-requeue": ("no_requeue", FLAG, _text),
-    "--export-slurm-env": ("export_slurm_env", FLAG, _text), **_JSON}
+    "--export-slurm-env": ("export_slurm_env", FLAG, _text),
+    "--container": ("container", ONE, _text),
+    "--container-mounts": ("container_mounts", ONE, _text),
+    "--container-runtime": ("container_runtime", ONE, _runtime), **_JSON}
 
 VERBS: dict[str, Verb] = {
     "status": Verb(None, _JSON, {"json": False}),
@@ -136,7 +145,8 @@ VERBS: dict[str, Verb] = {
         "name": None, "output": None, "error": None, "workdir": None, "export": None,
         "env": None, "user": None, "pmi": "none", "time_limit": None, "array": None,
         "dependency": None, "begin": None, "hold": False, "wait": False,
-        "export_slurm_env": False, "no_requeue": False, "json": False, "command": None}),
+        "export_slurm_env": False, "no_requeue": False, "container": None,
+        "container_mounts": None, "container_runtime": None, "json": False, "command": None}),
 }
 
 _DIGITS = frozenset("0123456789")

@@ -1,0 +1,194 @@
+"""Container steps (``submit --container``, issue 31): a real OCI runtime (crun) runs each task
+in a root filesystem made of Debian's busybox-static, as a real test user, inside the step's
+cgroup."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from tests.helpers import Node, pid_alive
+from tests.userkit import User, cli_as, home_for, made_users, ok_as, shared
+
+BUSYBOX = "/bin/busybox"
+
+pytestmark = [
+    pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as other users"),
+    pytest.mark.skipif(shutil.which("crun") is None or not os.path.exists(BUSYBOX),
+                       reason="needs crun and busybox-static (scripts/setup.sh --tests)"),
+]
+
+APPLETS = ("sh", "id", "cat", "sleep", "echo", "env", "true", "ls", "pwd", "head", "tr",
+           "test", "kill", "touch")
+
+
+@pytest.fixture
+def alice() -> Iterator[User]:
+    with made_users(1) as users:
+        yield users[0]
+
+
+def make_rootfs(top: str) -> str:
+    """A root filesystem of one static busybox (root's, read-only to everyone else)."""
+    os.makedirs(top)
+    for d in ("bin", "etc", "proc", "dev", "sys", "tmp", "home"):
+        os.mkdir(os.path.join(top, d))
+    shutil.copy(BUSYBOX, os.path.join(top, "bin", "busybox"))
+    for applet in APPLETS:
+        os.symlink("busybox", os.path.join(top, "bin", applet))
+    with open(os.path.join(top, "etc", "marker"), "w") as f:
+        f.write("inside\n")
+    return top
+
+
+@pytest.fixture
+def rootfs(node: Node) -> str:
+    shared(node)
+    return make_rootfs(os.path.join(node.dir, "rootfs"))
+
+
+def submit_as(user: User, node: Node, work: str, *args: str) -> int:
+    return int(ok_as(user, node, "submit", *args, cwd=work).strip())
+
+
+def output(node: Node, job: int) -> str:
+    with open(node.job(job)["output"]) as f:
+        return f.read()
+
+
+def oci_dir(node: Node, job: int) -> str:
+    return os.path.join(node.state, "run", f"{job}.1", "oci")
+
+
+def wait_gone(path: str, timeout: float = 20.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while os.path.exists(path):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def test_a_container_job_runs_as_its_user_in_its_root_filesystem(node: Node, rootfs: str,
+                                                                 alice: User) -> None:
+    work = home_for(node, alice)
+    node.start()
+    script = ("id -u; id -g; pwd; cat /etc/marker; echo job=$TETHER_JOB_ID "
+              "tasks=$TETHER_NTASKS; test -e /etc/shadow && echo shadow || echo no-shadow; "
+              "touch here; cat /proc/self/cgroup")
+    job = submit_as(alice, node, work, "--container", rootfs, "--", "sh", "-c", script)
+    end = node.wait_end(job)
+    assert (end["state"], end["exit_code"]) == ("completed", 0), (end, output(node, job))
+    lines = output(node, job).splitlines()
+    assert lines[:6] == [str(alice.uid), str(alice.gid), work, "inside", f"job={job} tasks=1",
+                         "no-shadow"], lines
+    # the working directory is the user's own, mounted: what the job wrote is there
+    assert os.stat(os.path.join(work, "here")).st_uid == alice.uid
+    # every process inside stayed in the step's cgroup (not the runtime's own)
+    assert any("tether-" in ln for ln in lines[6:] if ":memory:" in ln), lines
+    assert wait_gone(oci_dir(node, job)), os.listdir(oci_dir(node, job))
+
+
+def test_exit_code_and_signal_are_the_container_processs(node: Node, rootfs: str,
+                                                         alice: User) -> None:
+    work = home_for(node, alice)
+    node.start()
+    coded = submit_as(alice, node, work, "--container", rootfs, "--", "sh", "-c", "exit 7")
+    killed = submit_as(alice, node, work, "--container", rootfs, "--", "sh", "-c",
+                       "kill -TERM $$")
+    end = node.wait_end(coded)
+    assert (end["state"], end["exit_code"], end["signal"]) == ("failed", 7, None), end
+    end = node.wait_end(killed)
+    assert (end["state"], end["signal"]) == ("failed", signal.SIGTERM), end
+    assert "SIGTERM" in end["reason"], end
+
+
+def test_a_container_that_cannot_start_fails_with_the_runtimes_reason(node: Node, rootfs: str,
+                                                                      alice: User) -> None:
+    work = home_for(node, alice)
+    node.start()
+    job = submit_as(alice, node, work, "--container", rootfs, "--", "/bin/no-such-program")
+    end = node.wait_end(job)
+    assert end["state"] == "failed", end
+    assert "container runtime crun" in end["reason"] and "no-such-program" in end["reason"], end
+    # a path that is no root filesystem, or a bad mount: one line at submit, nothing queued
+    for bad in (["--container", os.path.join(node.dir, "nowhere")],
+                ["--container", work],
+                ["--container", rootfs, "--container-mounts", "relative:/x"],
+                ["--container-mounts", "/tmp:/x"]):
+        res = cli_as(alice, node, "submit", *bad, "--", "true", cwd=work)
+        assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, (bad, res)
+
+
+def test_cancel_kills_everything_inside_and_removes_the_runtime_state(node: Node, rootfs: str,
+                                                                      alice: User) -> None:
+    work = home_for(node, alice)
+    node.start()
+    job = submit_as(alice, node, work, "--container", rootfs, "--", "sh", "-c",
+                    "trap '' TERM; sleep 1000 & sleep 1000 & echo started; wait")
+    node.wait_state(job, ("running",))
+    deadline = time.monotonic() + 20
+    while "started" not in output(node, job):
+        assert time.monotonic() < deadline, node.logs()
+        time.sleep(0.05)
+    pids = json.loads(ok_as(alice, node, "inspect", str(job), "--pids", "--json"))
+    assert os.path.isdir(oci_dir(node, job))
+    ok_as(alice, node, "cancel", str(job))
+    end = node.wait_end(job)
+    assert end["state"] == "cancelled", end
+    listed = [p["pid"] for p in pids.get("processes", [])] + [
+        t["pid"] for t in pids.get("tasks", [])]
+    assert listed, pids
+    assert not [p for p in listed if pid_alive(p)], pids
+    assert wait_gone(oci_dir(node, job))
+
+
+def test_the_memory_limit_holds_inside(node: Node, rootfs: str, alice: User) -> None:
+    work = home_for(node, alice)
+    node.start()
+    job = submit_as(alice, node, work, "--memory-mb", "64", "--container", rootfs, "--",
+                    "sh", "-c", "x=$(head -c 300000000 /dev/zero | tr '\\0' a); echo survived")
+    end = node.wait_end(job)
+    assert end["state"] == "failed" and end.get("oom"), end
+    assert "memory limit of 64 MB" in end["reason"], end
+    assert "survived" not in output(node, job)
+
+
+def test_a_container_step_survives_an_agent_sigkill(node: Node, rootfs: str,
+                                                   alice: User) -> None:
+    work = home_for(node, alice)
+    node.start()
+    gate = os.path.join(work, "gate")
+    job = submit_as(alice, node, work, "--container", rootfs, "--", "sh", "-c",
+                    f"while ! test -e {gate}; do sleep 0.05; done; echo done; exit 3")
+    node.wait_state(job, ("running",))
+    node.stop(signal.SIGKILL)
+    node.start()
+    assert node.job(job)["state"] == "running"
+    with open(gate, "w"):
+        pass
+    end = node.wait_end(job)
+    assert (end["state"], end["exit_code"]) == ("failed", 3), end
+    assert output(node, job).splitlines()[-1] == "done"
+    assert wait_gone(oci_dir(node, job))
+
+
+def test_the_runtime_state_goes_when_the_supervisor_is_killed(node: Node, rootfs: str,
+                                                            alice: User) -> None:
+    work = home_for(node, alice)
+    node.start()
+    job = submit_as(alice, node, work, "--container", rootfs, "--", "sleep", "1000")
+    node.wait_state(job, ("running",))
+    man = node.running_manifest(job)
+    assert os.listdir(os.path.join(oci_dir(node, job), "r0", "state")), "no runtime state"
+    os.kill(man["supervisor"]["pid"], signal.SIGKILL)
+    end = node.wait_end(job)
+    assert end["state"] == "lost", end
+    assert wait_gone(oci_dir(node, job))
+    assert not pid_alive(man["tasks"][0]["pid"])
