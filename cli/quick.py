@@ -145,8 +145,8 @@ VERBS: dict[str, Verb] = {
         "name": None, "output": None, "error": None, "workdir": None, "export": None,
         "env": None, "user": None, "pmi": "none", "time_limit": None, "array": None,
         "dependency": None, "begin": None, "hold": False, "wait": False,
-        "export_slurm_env": False, "no_requeue": False, "container": None,
-        "container_mounts": None, "container_runtime": None, "json": False, "command": None}),
+        "export_slurm_env": False, "container": None, "container_mounts": None,
+        "container_runtime": None, "no_requeue": False, "json": False, "command": None}),
 }
 
 _DIGITS = frozenset("0123456789")
