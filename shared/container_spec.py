@@ -39,6 +39,10 @@ MAX_IMAGE_ENV_BYTES = 128 << 10
 #: the variables an image decides (when it sets them) over the submitter's: the host's PATH
 #: and libraries mean nothing inside another distribution (Apptainer does the same)
 IMAGE_WINS = ("PATH", "LD_LIBRARY_PATH")
+#: set unless the job sets them: each rank's container is a user namespace of its own, where
+#: another rank's /proc/PID/fd (UCX's default way to share memory) is refused; UCX then
+#: shares it through named files in /dev/shm, which every container mounts
+DEFAULTS = {"UCX_POSIX_USE_PROC_LINK": "n"}
 #: what the supervisor adds for the host's tools and that names host files the container
 #: does not see (the node's hwloc XML: agent/topology.py)
 HOST_ONLY = ("HWLOC_XMLFILE", "HWLOC_THISSYSTEM", "HWLOC_THISSYSTEM_ALLOWED_RESOURCES")
@@ -146,6 +150,8 @@ def merged_env(image: list[str], job: dict[str, str]) -> list[str]:
             env[k] = v
     for k in HOST_ONLY:
         env.pop(k, None)
+    for k, v in DEFAULTS.items():
+        env.setdefault(k, v)
     return [f"{k}={v}" for k, v in env.items()]
 
 

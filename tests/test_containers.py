@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import signal
+import subprocess
 import time
 from collections.abc import Iterator
 
@@ -192,3 +193,26 @@ def test_the_runtime_state_goes_when_the_supervisor_is_killed(node: Node, rootfs
     assert end["state"] == "lost", end
     assert wait_gone(oci_dir(node, job))
     assert not pid_alive(man["tasks"][0]["pid"])
+
+
+def test_mpich_ranks_in_containers_speak_pmi1(node: Node, rootfs: str, alice: User) -> None:
+    """The PMI socket reaches each rank inside its container (moved to fd 3: the runtime's
+    --preserve-fds), and MPICH's ranks in two containers find each other."""
+    if shutil.which("mpicc") is None:
+        pytest.fail("mpicc is missing: run scripts/setup.sh --tests")
+    work = home_for(node, alice)
+    hello = os.path.join(work, "hello_mpi")
+    src = os.path.join(os.path.dirname(__file__), "mpi", "hello_mpi.c")
+    subprocess.run(["mpicc", "-O1", "-o", hello, src], check=True)
+    os.chmod(hello, 0o755)
+    # the host's libraries inside: /usr mounted read-only, /lib and /lib64 as Debian links them
+    os.mkdir(os.path.join(rootfs, "usr"))
+    for link in ("lib", "lib64"):
+        os.symlink(f"usr/{link}", os.path.join(rootfs, link))
+    node.start()
+    job = submit_as(alice, node, work, "--ntasks", "2", "--pmi", "pmi1", "--container", rootfs,
+                    "--container-mounts", "/usr:/usr:ro", "--", hello)
+    end = node.wait_end(job)
+    assert (end["state"], end["exit_code"]) == ("completed", 0), (end, output(node, job))
+    assert sorted(output(node, job).splitlines()) == [
+        f"rank {r} of 2 OK (sum 2, from {(r - 1) % 2})" for r in range(2)]
