@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.helpers import Node, pid_alive
+from tests.helpers import Node, pid_alive, poll_until
 from tests.userkit import User, cli_as, home_for, made_users, ok_as, shared
 
 BUSYBOX = "/bin/busybox"
@@ -216,3 +216,56 @@ def test_mpich_ranks_in_containers_speak_pmi1(node: Node, rootfs: str, alice: Us
     assert (end["state"], end["exit_code"]) == ("completed", 0), (end, output(node, job))
     assert sorted(output(node, job).splitlines()) == [
         f"rank {r} of 2 OK (sum 2, from {(r - 1) % 2})" for r in range(2)]
+
+
+def count_of(path: str) -> int:
+    try:
+        with open(path) as f:
+            return int(f.read().strip() or 0)
+    except (OSError, ValueError):
+        return 0
+
+
+def test_signal_suspend_stats_and_the_time_limit_reach_inside(node: Node, rootfs: str,
+                                                              alice: User) -> None:
+    work = home_for(node, alice)
+    node.start()
+    count = os.path.join(work, "count")
+    job = submit_as(alice, node, work, "--time", "0:8", "--container", rootfs, "--", "sh", "-c",
+                    "trap 'echo got USR1' USR1; i=0; "
+                    f"while :; do i=$((i+1)); echo $i > {count}; sleep 0.05; done")
+    node.wait_state(job, ("running",))
+    poll_until(lambda: count_of(count) > 0, 20, "the container to count")
+    # a signal goes to the runtime's process group: the runtime hands it to the container
+    ok_as(alice, node, "signal", str(job), "USR1")
+    poll_until(lambda: "got USR1" in output(node, job), 20, "the trap to run")
+    stats = json.loads(ok_as(alice, node, "inspect", str(job), "--stats", "--json"))
+    assert stats, stats
+    # suspend freezes the step's cgroup: the container's processes with it
+    ok_as(alice, node, "suspend", str(job))
+    frozen = count_of(count)
+    time.sleep(0.5)  # nothing to poll for: a frozen counter does not move
+    assert count_of(count) in (frozen, frozen + 1)
+    ok_as(alice, node, "resume", str(job))
+    poll_until(lambda: count_of(count) > frozen + 2, 20, "the container to count again")
+    end = node.wait_end(job)
+    assert end["state"] == "timeout", end
+    assert wait_gone(oci_dir(node, job))
+
+
+def test_a_container_step_survives_upgrade_supervisors(node: Node, rootfs: str,
+                                                       alice: User) -> None:
+    work = home_for(node, alice)
+    node.start()
+    gate = os.path.join(work, "gate")
+    job = submit_as(alice, node, work, "--container", rootfs, "--", "sh", "-c",
+                    f"while ! test -e {gate}; do sleep 0.05; done; kill -TERM $$")
+    node.wait_state(job, ("running",))
+    res = node.cli("upgrade-supervisors")
+    assert res.returncode == 0 and f"job {job}: supervisor" in res.stdout, res.stdout + res.stderr
+    with open(gate, "w"):
+        pass
+    end = node.wait_end(job)
+    # the re-executed supervisor still reads the runtime's 128+15 as the container's SIGTERM
+    assert (end["state"], end["signal"]) == ("failed", signal.SIGTERM), end
+    assert wait_gone(oci_dir(node, job))
