@@ -40,7 +40,7 @@ from tether.agent.request_args import (
     task_paths,
 )
 from tether.agent.schema import SCHEMA_VERSION
-from tether.shared import jobopts, protocol, records
+from tether.shared import container_spec, jobopts, protocol, records
 from tether.shared.door_conn import Conn
 from tether.shared.errors import BadRequest, ResourceError, StateError, TetherError, UnknownKind
 from tether.shared.protocol import arg_int, arg_number, arg_str, arg_str_list, check_known
@@ -157,6 +157,12 @@ def submit(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
                                                  "container"))
     script, slurm_env = batch_args(args)  # a batch script's copy; Slurm's variable names
     container = container_arg(args)
+    if container is not None and not agent.cfg.container_remap_root and \
+            container_spec.needs_root_inside(str(container.get("runtime", "")),
+                                             bool(container.get("remap_root"))):
+        raise BadRequest("this node does not let a container job be root inside its user "
+                         "namespace (--container-remap-root, and runc, which needs it): the "
+                         "agent's --container-remap-root allows it")
     command, cpus, gpus, memory, ntasks, umask, workdir, env, name, pmi, output, error, \
         user_name = (sub[k] for k in ("command", "cpus", "gpus", "memory_mb", "ntasks", "umask",
                                       "workdir", "env", "name", "pmi", "output", "error",

@@ -64,10 +64,11 @@ def submit(layout: Layout, ns: argparse.Namespace) -> int:
         from tether.cli.container_arg import container_arg  # container jobs only
 
         args["container"] = container_arg(ns.container, ns.container_mounts,
-                                          ns.container_runtime)
-    elif getattr(ns, "container_mounts", None) or getattr(ns, "container_runtime", None):
-        raise CliError("submit: --container-mounts and --container-runtime need --container",
-                       EXIT_USAGE)
+                                          ns.container_runtime, ns.container_remap_root)
+    elif getattr(ns, "container_mounts", None) or getattr(ns, "container_runtime", None) or \
+            getattr(ns, "container_remap_root", False):
+        raise CliError("submit: --container-mounts, --container-runtime and "
+                       "--container-remap-root need --container", EXIT_USAGE)
     if os.geteuid() == 0:
         root_owned(layout)
     from tether.shared.framing import FrameTooLarge  # the client has it loaded already

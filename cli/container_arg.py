@@ -17,7 +17,8 @@ from tether.shared import container_spec
 MAX_CONFIG = 1 << 20
 
 
-def container_arg(path: str, mounts: str | None, runtime: str | None) -> dict[str, Any]:
+def container_arg(path: str, mounts: str | None, runtime: str | None,
+                  remap_root: bool = False) -> dict[str, Any]:
     """The submission's ``container`` argument (shared/container_spec.py); CliError names
     what is wrong with the path or a mount."""
     import json
@@ -52,6 +53,8 @@ def container_arg(path: str, mounts: str | None, runtime: str | None) -> dict[st
             value["mounts"].append([src, dst, ro])
         if runtime is not None:
             value["runtime"] = runtime
+        if remap_root:
+            value["remap_root"] = True
         return container_spec.check_request(value)
     except ValueError as exc:
         raise CliError(f"submit: {exc}", EXIT_USAGE) from None

@@ -126,6 +126,9 @@ def add_submit(sub: Any) -> None:
                    help="with --container: more directories to mount, comma-separated")
     s.add_argument("--container-runtime", choices=["crun", "runc"],
                    help="with --container: the OCI runtime (default: the node's, crun)")
+    s.add_argument("--container-remap-root", action="store_true",
+                   help="with --container: be root inside the container (still you outside; "
+                   "only where the node allows it)")
     s.add_argument("--no-requeue", action="store_true",
                    help="on a cluster's node: if the job's node goes down, fail the job instead "
                    "of running it again elsewhere")

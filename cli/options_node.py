@@ -97,6 +97,10 @@ def add_agent(sub: Any) -> None:
     a.add_argument("--container-runtime", default="crun", choices=["crun", "runc"],
                    help="the OCI runtime of container jobs (submit --container) that name "
                    "none (default crun; docs/containers.md)")
+    a.add_argument("--container-remap-root", action="store_true",
+                   help="let container jobs run as root inside their user namespace (submit "
+                   "--container-remap-root, and runc, which needs it): still the user outside, "
+                   "with no privilege of root's (default: never)")
     a.add_argument("--max-queued-per-user", type=non_negative, default=1000, metavar="N",
                    help="the most pending jobs one user may have (each array element "
                    "counted; Slurm's MaxSubmitJobs): a submission past it is refused; 0: no "

@@ -114,7 +114,8 @@ _SUBMIT: dict[str, Option] = {
     "--export-slurm-env": ("export_slurm_env", FLAG, _text),
     "--container": ("container", ONE, _text),
     "--container-mounts": ("container_mounts", ONE, _text),
-    "--container-runtime": ("container_runtime", ONE, _runtime), **_JSON}
+    "--container-runtime": ("container_runtime", ONE, _runtime),
+    "--container-remap-root": ("container_remap_root", FLAG, _text), **_JSON}
 
 VERBS: dict[str, Verb] = {
     "status": Verb(None, _JSON, {"json": False}),
@@ -146,7 +147,8 @@ VERBS: dict[str, Verb] = {
         "env": None, "user": None, "pmi": "none", "time_limit": None, "array": None,
         "dependency": None, "begin": None, "hold": False, "wait": False,
         "export_slurm_env": False, "container": None, "container_mounts": None,
-        "container_runtime": None, "no_requeue": False, "json": False, "command": None}),
+        "container_runtime": None, "container_remap_root": False, "no_requeue": False,
+        "json": False, "command": None}),
 }
 
 _DIGITS = frozenset("0123456789")

@@ -8,7 +8,8 @@ by the agent: every local user is hostile)::
      "env": ["PATH=/usr/bin", ...],      the bundle's config.json process.env, read by the CLI
                                          as the user (the agent and supervisor never open it)
      "mounts": [["/src", "/dst", true]], --container-mounts: source, destination, read-only
-     "runtime": "crun"}                  --container-runtime, or absent: the site's default
+     "runtime": "crun",                  --container-runtime, or absent: the site's default
+     "remap_root": false}                --container-remap-root: the user is root inside
 
 The configuration is tether's own, never the user's: the user's config.json could ask for
 anything (devices, hooks, capabilities); tether takes only its environment. It runs the task
@@ -89,7 +90,7 @@ def check_request(value: Any) -> dict[str, Any]:
     what is wrong)."""
     if not isinstance(value, dict):
         raise ValueError("'container' must be a map")
-    unknown = set(value) - {"rootfs", "env", "mounts", "runtime"}
+    unknown = set(value) - {"rootfs", "env", "mounts", "runtime", "remap_root"}
     if unknown:
         raise ValueError(f"'container' has unknown field(s) {', '.join(sorted(unknown))}")
     rootfs = _abs_path(value.get("rootfs"), "the container's root filesystem")
@@ -122,7 +123,19 @@ def check_request(value: Any) -> dict[str, Any]:
             raise ValueError(f"unknown container runtime {runtime!r}: use one of "
                              f"{', '.join(RUNTIMES)}")
         out["runtime"] = runtime
+    remap = value.get("remap_root", False)
+    if not isinstance(remap, bool):
+        raise ValueError("'remap_root' must be true or false")
+    if remap:
+        out["remap_root"] = True
     return out
+
+
+def needs_root_inside(runtime: str, remap_root: bool) -> bool:
+    """Does the task run as root inside its user namespace? When asked (pyxis's
+    ``--container-remap-root``), and always with runc, which insists on a mapping of the
+    container's root (and an unprivileged user may map her own uid only, once)."""
+    return remap_root or runtime == "runc"
 
 
 def image_env(config: Any) -> list[str]:
@@ -161,8 +174,12 @@ def _bind(src: str, dst: str, *extra: str) -> dict[str, Any]:
 
 
 def config(*, rootfs: str, args: list[str], env: list[str], cwd: str, uid: int, gid: int,
-           home: str | None, mounts: list[list[Any]]) -> dict[str, Any]:
-    """The OCI runtime configuration of one task (runtime-spec 1.0)."""
+           home: str | None, mounts: list[list[Any]], root_inside: bool = False,
+           ) -> dict[str, Any]:
+    """The OCI runtime configuration of one task (runtime-spec 1.0). ``root_inside``: the
+    user's uid and gid are mapped to 0 inside and the task runs as 0 (still her outside, with
+    no capability beyond her own namespaces); else they are mapped to themselves."""
+    inside_uid, inside_gid = (0, 0) if root_inside else (uid, gid)
     binds = [_bind("/proc", "/proc"), _bind("/dev", "/dev"),
              _bind("/sys", "/sys", "nodev", "noexec"), _bind("/tmp", "/tmp", "nodev")]
     if home and home != "/" and os.path.isabs(home):
@@ -181,12 +198,13 @@ def config(*, rootfs: str, args: list[str], env: list[str], cwd: str, uid: int, 
                                       "ambient")}
     return {
         "ociVersion": "1.0.2",
-        "process": {"terminal": False, "user": {"uid": uid, "gid": gid}, "args": list(args),
+        "process": {"terminal": False, "user": {"uid": inside_uid, "gid": inside_gid},
+                    "args": list(args),
                     "env": list(env), "cwd": cwd, "noNewPrivileges": True,
                     "capabilities": no_caps},
         "root": {"path": rootfs, "readonly": True},
         "mounts": binds,
         "linux": {"namespaces": [{"type": "user"}, {"type": "mount"}],
-                  "uidMappings": [{"containerID": uid, "hostID": uid, "size": 1}],
-                  "gidMappings": [{"containerID": gid, "hostID": gid, "size": 1}]},
+                  "uidMappings": [{"containerID": inside_uid, "hostID": uid, "size": 1}],
+                  "gidMappings": [{"containerID": inside_gid, "hostID": gid, "size": 1}]},
     }

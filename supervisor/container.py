@@ -95,7 +95,9 @@ class Containers:
         cfg = container_spec.config(
             rootfs=self.want["rootfs"], args=args,
             env=container_spec.merged_env(self.want.get("env", []), env), cwd=cwd, uid=uid,
-            gid=gid, home=home, mounts=self.want["mounts"])
+            gid=gid, home=home, mounts=self.want["mounts"],
+            root_inside=container_spec.needs_root_inside(self.name,
+                                                         bool(self.want.get("remap_root"))))
         top = self._make_dir(rank, cfg, uid, gid)
         cid = f"tether-{self.spec['job']}.{self.spec['attempt']}-{rank}"
         run = [self.runtime, "--root", os.path.join(top, "state"),

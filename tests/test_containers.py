@@ -269,3 +269,32 @@ def test_a_container_step_survives_upgrade_supervisors(node: Node, rootfs: str,
     # the re-executed supervisor still reads the runtime's 128+15 as the container's SIGTERM
     assert (end["state"], end["signal"]) == ("failed", signal.SIGTERM), end
     assert wait_gone(oci_dir(node, job))
+
+
+def test_runc_and_root_inside_only_where_the_node_allows_it(make_node: type[Node],
+                                                             alice: User) -> None:
+    if shutil.which("runc") is None:
+        pytest.skip("runc is not installed")
+    strict = make_node()
+    shared(strict)
+    rootfs = make_rootfs(os.path.join(strict.dir, "rootfs"))
+    work = home_for(strict, alice)
+    strict.start()
+    for opts in (["--container-runtime", "runc"], ["--container-remap-root"]):
+        res = cli_as(alice, strict, "submit", "--container", rootfs, *opts, "--", "true",
+                     cwd=work)
+        assert res.returncode == 1 and "--container-remap-root" in res.stderr, res
+    allowing = make_node(extra=["--container-remap-root"])
+    shared(allowing)
+    rootfs = make_rootfs(os.path.join(allowing.dir, "rootfs"))
+    work = home_for(allowing, alice)
+    allowing.start()
+    script = "id -u; cat /etc/marker; touch mine; kill -TERM $$"
+    runc = submit_as(alice, allowing, work, "--container-runtime", "runc", "--container", rootfs,
+                     "--", "sh", "-c", script)
+    end = allowing.wait_end(runc)
+    assert (end["state"], end["signal"]) == ("failed", signal.SIGTERM), end
+    assert output(allowing, runc).splitlines()[:2] == ["0", "inside"]
+    # root inside, herself outside
+    assert os.stat(os.path.join(work, "mine")).st_uid == alice.uid
+    assert wait_gone(oci_dir(allowing, runc))
