@@ -187,7 +187,8 @@ def test_the_runtime_state_goes_when_the_supervisor_is_killed(node: Node, rootfs
     job = submit_as(alice, node, work, "--container", rootfs, "--", "sleep", "1000")
     node.wait_state(job, ("running",))
     man = node.running_manifest(job)
-    assert os.listdir(os.path.join(oci_dir(node, job), "r0", "state")), "no runtime state"
+    state = os.path.join(oci_dir(node, job), "r0", "state")
+    poll_until(lambda: os.path.isdir(state) and os.listdir(state), 20, "the runtime's state")
     os.kill(man["supervisor"]["pid"], signal.SIGKILL)
     end = node.wait_end(job)
     assert end["state"] == "lost", end
