@@ -63,8 +63,17 @@ def submit(layout: Layout, ns: argparse.Namespace) -> int:
     if getattr(ns, "container", None) is not None:
         from tether.cli.container_arg import container_arg  # container jobs only
 
-        args["container"] = container_arg(ns.container, ns.container_mounts,
-                                          ns.container_runtime, ns.container_remap_root)
+        path = ns.container
+        if "/" not in path:  # an imported image's name (tether image import)
+            from tether.cli.cmd_image import resolve
+
+            found = resolve(layout.state_dir, path)
+            if found is None and not os.path.isdir(path):
+                raise CliError(f"submit: --container {path}: no such image ('tether image "
+                               "list') and no such directory", EXIT_USAGE)
+            path = found or path
+        args["container"] = container_arg(path, ns.container_mounts, ns.container_runtime,
+                                          ns.container_remap_root)
     elif getattr(ns, "container_mounts", None) or getattr(ns, "container_runtime", None) or \
             getattr(ns, "container_remap_root", False):
         raise CliError("submit: --container-mounts, --container-runtime and "

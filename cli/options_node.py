@@ -260,6 +260,26 @@ def add_cluster(sub: Any) -> None:
     add_json(down, "what was done: the node, jobs requeued, jobs ended")
 
 
+def add_image(sub: Any) -> None:
+    s = verb(sub, "image", "import and list the node's container images (submit --container)",
+             "The node's container images, each an OCI bundle in the state directory's "
+             "images/ that 'submit --container NAME' runs (docs/containers.md).")
+    isub = s.add_subparsers(dest="image_cmd", metavar="ACTION", parser_class=Parser,
+                            required=True)
+    imp = isub.add_parser("import", prog="tether image import",
+                          help="unpack an image archive as image NAME",
+                          description="Unpack FILE, an OCI image archive (a tar of an OCI "
+                          "image layout, as 'skopeo copy ... oci-archive:FILE' writes) or a "
+                          "root filesystem tarball, as image NAME (with skopeo and umoci). The "
+                          "state directory's owner only (root, for the node's agent).")
+    imp.add_argument("name", metavar="NAME", help="the image's name (letters, digits, . _ -)")
+    imp.add_argument("file", metavar="FILE.tar", help="the archive")
+    lst = isub.add_parser("list", prog="tether image list", help="list the images",
+                          description="List the node's images: name, kind, when imported, "
+                          "from which file.")
+    add_json(lst, "an array of image objects")
+
+
 def add_nodes(sub: Any) -> None:
     s = verb(sub, "nodes", "list the cluster's nodes (on a cluster's node)",
              "List the cluster's nodes: state (up, down, draining), CPUs, GPUs and memory "

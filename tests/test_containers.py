@@ -299,3 +299,60 @@ def test_runc_and_root_inside_only_where_the_node_allows_it(make_node: type[Node
     # root inside, herself outside
     assert os.stat(os.path.join(work, "mine")).st_uid == alice.uid
     assert wait_gone(oci_dir(allowing, runc))
+
+
+def oci_archive(where: str, rootfs: str) -> str:
+    """An OCI image archive (a tar of an OCI image layout) made with umoci, whose config sets
+    FOO and PATH, from ``rootfs``."""
+    layout, bundle = os.path.join(where, "layout"), os.path.join(where, "bundle")
+
+    def umoci(*args: str) -> None:
+        subprocess.run(["umoci", *args], check=True, capture_output=True)
+
+    umoci("init", "--layout", layout)
+    umoci("new", "--image", f"{layout}:t")
+    umoci("unpack", "--image", f"{layout}:t", bundle)
+    for name in os.listdir(rootfs):
+        src = os.path.join(rootfs, name)
+        if os.path.isdir(src) and not os.path.islink(src):
+            shutil.copytree(src, os.path.join(bundle, "rootfs", name), symlinks=True,
+                            dirs_exist_ok=True)
+    umoci("repack", "--image", f"{layout}:t", bundle)
+    umoci("config", "--image", f"{layout}:t", "--config.env", "FOO=from-image",
+          "--config.env", "PATH=/bin")
+    archive = os.path.join(where, "image.tar")
+    subprocess.run(["tar", "-C", layout, "-cf", archive, "."], check=True)
+    return archive
+
+
+def test_images_are_imported_listed_and_run_by_name(node: Node, rootfs: str,
+                                                    alice: User) -> None:
+    if shutil.which("umoci") is None or shutil.which("skopeo") is None:
+        pytest.fail("umoci and skopeo are missing: run scripts/setup.sh --tests")
+    work = home_for(node, alice)
+    made = os.path.join(node.dir, "made")
+    os.mkdir(made)
+    archive = oci_archive(made, rootfs)
+    tarball = os.path.join(made, "rootfs.tar")
+    subprocess.run(["tar", "-C", rootfs, "-cf", tarball, "."], check=True)
+    node.start()
+    node.ok("image", "import", "busy", archive)
+    node.ok("image", "import", "plain", tarball)
+    listed = json.loads(node.ok("image", "list", "--json"))
+    assert [(i["name"], i["kind"]) for i in listed] == [("busy", "oci"), ("plain", "rootfs")]
+    assert "busy" in node.ok("image", "list")
+    res = node.cli("image", "import", "busy", archive)
+    assert res.returncode == 1 and "exists" in res.stderr, res
+    res = node.cli("image", "import", "../x", archive)
+    assert res.returncode == 2, res
+    script = "echo foo=$FOO path=$PATH; cat /etc/marker"
+    job = submit_as(alice, node, work, "--container", "busy", "--", "sh", "-c", script)
+    end = node.wait_end(job)
+    assert (end["state"], end["exit_code"]) == ("completed", 0), (end, output(node, job))
+    # the image's environment, and its PATH over the submitter's
+    assert output(node, job).splitlines() == ["foo=from-image path=/bin", "inside"]
+    job = submit_as(alice, node, work, "--container", "plain", "--", "cat", "/etc/marker")
+    end = node.wait_end(job)
+    assert (end["state"], output(node, job)) == ("completed", "inside\n"), end
+    res = cli_as(alice, node, "submit", "--container", "nosuch", "--", "true", cwd=work)
+    assert res.returncode == 2 and "no such image" in res.stderr, res
