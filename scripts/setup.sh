@@ -17,7 +17,10 @@
 #                                  completion is loaded by a real zsh), groff-base
 #                                  (the man page is rendered) and tmux (`tether top` runs in a
 #                                  real terminal) and systemd (`systemd-analyze verify` checks
-#                                  contrib/systemd's unit; systemd need not run)
+#                                  contrib/systemd's unit; systemd need not run), crun and
+#                                  runc (the OCI runtimes of container steps), umoci and skopeo
+#                                  (tether image import) and busybox-static (a root filesystem
+#                                  of one file for the container tests)
 # Debian's /usr/bin/python3 is used (not a pyenv shim): it starts fast and other users can run it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -28,7 +31,8 @@ target="."
 case "${1:-}" in
     "") ;;
     --cluster) packages+=(postgresql);;
-    --tests) packages+=(mpich libmpich-dev libpmi2-0-dev hwloc-nox postgresql zsh groff-base tmux systemd)
+    --tests) packages+=(mpich libmpich-dev libpmi2-0-dev hwloc-nox postgresql zsh groff-base tmux systemd
+                        crun runc umoci skopeo busybox-static)
              target=".[test]";;
     *) echo "usage: bash scripts/setup.sh [--cluster|--tests]" >&2; exit 2;;
 esac

@@ -290,12 +290,14 @@ def test_runc_and_root_inside_only_where_the_node_allows_it(make_node: type[Node
     rootfs = make_rootfs(os.path.join(allowing.dir, "rootfs"))
     work = home_for(allowing, alice)
     allowing.start()
-    script = "id -u; cat /etc/marker; touch mine; kill -TERM $$"
+    script = "id -u; cat /etc/marker; touch mine; cat /proc/self/cgroup; kill -TERM $$"
     runc = submit_as(alice, allowing, work, "--container-runtime", "runc", "--container", rootfs,
                      "--", "sh", "-c", script)
     end = allowing.wait_end(runc)
     assert (end["state"], end["signal"]) == ("failed", signal.SIGTERM), end
-    assert output(allowing, runc).splitlines()[:2] == ["0", "inside"]
+    lines = output(allowing, runc).splitlines()
+    assert lines[:2] == ["0", "inside"], lines
+    assert any("tether-" in ln for ln in lines if ":memory:" in ln), lines  # the step's cgroup
     # root inside, herself outside
     assert os.stat(os.path.join(work, "mine")).st_uid == alice.uid
     assert wait_gone(oci_dir(allowing, runc))
