@@ -78,6 +78,10 @@ class Containers:
         self.bash = _tool("bash")
         self.hide = self.name == "crun" and hybrid_with_controllers()
         self.is_root = os.geteuid() == 0
+        if self.hide and not self.is_root:  # hiding the hierarchy takes a mount of root's
+            raise OSError("crun refuses this host's cgroups (cgroup2 beside v1, with a "
+                          "controller) and only an agent running as root hides them from it; "
+                          "use --container-runtime runc")
 
     def wrap(self, rank: int, argv: list[str], env: dict[str, str], pass_fds: tuple[int, ...],
              who: dict[str, Any], cwd: str) -> tuple[list[str], dict[str, str], tuple[int, ...],

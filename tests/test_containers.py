@@ -194,6 +194,20 @@ def test_the_runtime_state_goes_when_the_supervisor_is_killed(node: Node, rootfs
     assert end["state"] == "lost", end
     assert wait_gone(oci_dir(node, job))
     assert not pid_alive(man["tasks"][0]["pid"])
+    # the container's process too (its own session: the step's cgroup found it)
+    poll_until(lambda: not processes_of(alice.uid), 20, "the container's processes to go")
+
+
+def processes_of(uid: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if os.stat(f"/proc/{entry}").st_uid == uid:
+                    found.append(int(entry))
+            except OSError:
+                pass
+    return found
 
 
 def test_mpich_ranks_in_containers_speak_pmi1(node: Node, rootfs: str, alice: User) -> None:
