@@ -372,3 +372,19 @@ def test_images_are_imported_listed_and_run_by_name(node: Node, rootfs: str,
     assert (end["state"], output(node, job)) == ("completed", "inside\n"), end
     res = cli_as(alice, node, "submit", "--container", "nosuch", "--", "true", cwd=work)
     assert res.returncode == 2 and "no such image" in res.stderr, res
+
+
+def test_a_batch_script_runs_inside_from_its_copy(node: Node, rootfs: str, alice: User) -> None:
+    """The script's copy is handed over on an fd (moved to 3 inside): its #! interpreter is
+    the container's."""
+    work = home_for(node, alice)
+    script = os.path.join(work, "job.sh")
+    with open(script, "w") as f:
+        f.write("#!/bin/sh\n#SBATCH --job-name=inbox\ncat /etc/marker; echo args=$1 "
+                "name=$TETHER_JOB_NAME\n")
+    os.chown(script, alice.uid, alice.gid)
+    node.start()
+    job = submit_as(alice, node, work, "--container", rootfs, script, "one")
+    end = node.wait_end(job)
+    assert (end["state"], end["exit_code"]) == ("completed", 0), (end, output(node, job))
+    assert output(node, job).splitlines() == ["inside", "args=one name=inbox"]
