@@ -118,6 +118,23 @@ def test_a_container_that_cannot_start_fails_with_the_runtimes_reason(node: Node
     end = node.wait_end(job)
     assert end["state"] == "failed", end
     assert "container runtime crun" in end["reason"] and "no-such-program" in end["reason"], end
+    # a root filesystem gone by the time the job starts: the runtime's own words
+    gone = make_rootfs(os.path.join(node.dir, "gone"))
+    held = submit_as(alice, node, work, "--hold", "--container", gone, "--", "true")
+    shutil.rmtree(gone)
+    ok_as(alice, node, "release", str(held))
+    end = node.wait_end(held)
+    assert end["state"] == "failed" and end["reason"].startswith("container runtime crun: "), end
+    assert gone in end["reason"], end
+    # a bundle whose config.json is not JSON
+    broken = os.path.join(node.dir, "broken")
+    os.mkdir(broken)
+    os.symlink(rootfs, os.path.join(broken, "rootfs"))
+    with open(os.path.join(broken, "config.json"), "w") as f:
+        f.write("{not json")
+    res = cli_as(alice, node, "submit", "--container", broken, "--", "true", cwd=work)
+    assert res.returncode == 2 and "config.json" in res.stderr, res
+    assert len(res.stderr.strip().splitlines()) == 1, res
     # a path that is no root filesystem, or a bad mount: one line at submit, nothing queued
     for bad in (["--container", os.path.join(node.dir, "nowhere")],
                 ["--container", work],
