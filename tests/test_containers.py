@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.helpers import Node, pid_alive, poll_until
-from tests.userkit import User, cli_as, home_for, made_users, ok_as, shared
+from tests.userkit import User, cli_as, home_for, made_users, ok_as, run_as, shared
 
 BUSYBOX = "/bin/busybox"
 
@@ -405,3 +405,29 @@ def test_a_batch_script_runs_inside_from_its_copy(node: Node, rootfs: str, alice
     end = node.wait_end(job)
     assert (end["state"], end["exit_code"]) == ("completed", 0), (end, output(node, job))
     assert output(node, job).splitlines() == ["inside", "args=one name=inbox"]
+
+
+def test_root_never_reads_what_a_link_in_her_directory_points_at(node: Node, rootfs: str,
+                                                                 alice: User) -> None:
+    """The task's directory is hers: a link she puts where the runtime's log was is not
+    followed when the supervisor (root) looks for the runtime's error."""
+    work = home_for(node, alice)
+    node.start()
+    gate = os.path.join(work, "gate")
+    job = submit_as(alice, node, work, "--container", rootfs, "--", "sh", "-c",
+                    f"while ! test -e {gate}; do sleep 0.05; done; exit 1")
+    node.wait_state(job, ("running",))
+    log = os.path.join(oci_dir(node, job), "r0", "runtime.log")
+    poll_until(lambda: os.path.exists(log), 20, "the runtime's log")
+    # a file only root may read, in the runtime's log format
+    secret = os.path.join(node.dir, "secret.json")
+    with open(secret, "w") as f:
+        f.write('{"level": "error", "msg": "ROOT-ONLY"}\n')
+    os.chmod(secret, 0o600)
+    res = run_as(alice, ["-c", f"import os; os.unlink({log!r}); "
+                               f"os.symlink({secret!r}, {log!r})"])
+    assert res.returncode == 0, res.stderr
+    with open(gate, "w"):
+        pass
+    end = node.wait_end(job)
+    assert (end["state"], end["exit_code"], end["reason"]) == ("failed", 1, None), end
