@@ -59,3 +59,4 @@ def test_a_submit_option_the_cluster_does_not_carry_is_refused() -> None:
     assert uncarried({"command": ["true"], "time_limit": 60.0, "array": None,
                       "dependency": "afterok:1"}) == []
     assert uncarried({"later_option": 5, "array": None}) == ["--later-option"]
+    assert uncarried({"container": {"rootfs": "/r"}}) == ["--container"]  # a node's own, yet
