@@ -156,6 +156,10 @@ def test_cancel_kills_everything_inside_and_removes_the_runtime_state(node: Node
         assert time.monotonic() < deadline, node.logs()
         time.sleep(0.05)
     pids = json.loads(ok_as(alice, node, "inspect", str(job), "--pids", "--json"))
+    # the container's processes are the task's (children of the runtime, the task's leader)
+    inside = [p for p in pids["processes"] if p["comm"] in ("sh", "sleep")]
+    assert sorted(p["comm"] for p in inside) == ["sh", "sleep", "sleep"], pids
+    assert all(p["rank"] == 0 for p in inside), pids
     assert os.path.isdir(oci_dir(node, job))
     ok_as(alice, node, "cancel", str(job))
     end = node.wait_end(job)
