@@ -1,12 +1,10 @@
 """The container options and the runtime configuration tether writes (shared/container_spec.py,
-pure), and the agent's own check of a hostile ``container`` argument."""
+pure; the agent's own check of a hostile argument: tests/integration/test_containers.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from tests.helpers import Node, RawDoor
-from tests.test_malformed import check_cases, req
 from tether.shared import container_spec as cs
 
 
@@ -58,25 +56,3 @@ def test_the_images_path_wins_and_host_only_variables_stay_out() -> None:
     assert env == ["PATH=/opt/bin", "FOO=job", "LANG=C", "TETHER_JOB_ID=7",
                    "UCX_POSIX_USE_PROC_LINK=n"]
     assert "UCX_POSIX_USE_PROC_LINK=y" in cs.merged_env([], {"UCX_POSIX_USE_PROC_LINK": "y"})
-
-
-def test_the_agent_refuses_a_hostile_container_argument(node: Node) -> None:
-    node.start()
-    good = {"command": ["true"], "workdir": node.work}
-    cases = [
-        (what, [req(70 + i, "submit", {**good, "container": value})], "bad_request", 70 + i)
-        for i, (what, value) in enumerate([
-            ("container not a map", "/rootfs"),
-            ("a relative root filesystem", {"rootfs": "r"}),
-            ("an unknown field", {"rootfs": "/r", "hooks": {"prestart": []}}),
-            ("a bad mount", {"rootfs": "/r", "mounts": [["/a", "b", False]]}),
-            ("an unknown runtime", {"rootfs": "/r", "runtime": "/tmp/evil"}),
-            ("runc where root inside is not allowed", {"rootfs": "/r", "runtime": "runc"}),
-            ("root inside where it is not allowed", {"rootfs": "/r", "remap_root": True}),
-        ])]
-    raw = RawDoor(node.layout.sock)
-    try:
-        check_cases(raw, cases)
-    finally:
-        raw.close()
-    assert node.ok("list", "--json").strip() == "[]"
