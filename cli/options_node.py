@@ -264,7 +264,7 @@ def add_image(sub: Any) -> None:
     s = verb(sub, "image", "import and list the node's container images (submit --container)",
              "The node's container images, each an OCI bundle in the state directory's "
              "images/ that 'submit --container NAME' runs (docs/containers.md).")
-    isub = s.add_subparsers(dest="image_cmd", metavar="ACTION", parser_class=Parser,
+    isub = s.add_subparsers(dest="image_cmd", metavar="ACTION", parser_class=type(s),
                             required=True)
     imp = isub.add_parser("import", prog="tether image import",
                           help="unpack an image archive as image NAME",
