@@ -11,12 +11,16 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from tether.agent.job import Job
 
-if TYPE_CHECKING:
-    from tether.agent.db import Store
+
+class Store(Protocol):
+    """What of the agent's store these use (not agent.db's own class: the schema imports
+    this module, and the store the schema)."""
+
+    def _exec(self, sql: str, params: tuple[Any, ...] = ()) -> sqlite3.Cursor: ...
 
 _TABLE = ("CREATE TABLE IF NOT EXISTS job_container (job INTEGER PRIMARY KEY, "
           "elements INTEGER NOT NULL DEFAULT 1, spec TEXT NOT NULL)")
