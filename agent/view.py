@@ -9,7 +9,7 @@ type checker only, would be an import cycle (tests/unit/test_import_cycles.py). 
 only reads is a property; what it sets, an attribute. A part that hands the agent on to another
 part's functions sees what that part sees too (its protocol derives from the other's). The parts
 a part reaches through the agent (its scheduler, its cluster node...) are protocols too
-(``*Part``), for the same reason: this module imports no part.
+(``*Part``, view_parts.py), for the same reason: this module imports no part.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ if TYPE_CHECKING:
     import zmq
 
     from tether.agent.checks import Checks
-    from tether.agent.cluster_db import NodeInfo
     from tether.agent.config import AgentConfig
     from tether.agent.contain import Containment
     from tether.agent.db import Store
@@ -37,6 +36,15 @@ if TYPE_CHECKING:
     from tether.agent.spawn import Spawner
     from tether.agent.syncer import Syncer
     from tether.agent.topology import Topology
+    from tether.agent.view_parts import (
+        ClusterPart,
+        ClusterRequestsPart,
+        MetricsPart,
+        PersonsPart,
+        PurgePart,
+        SchedulerPart,
+        TallyPart,
+    )
     from tether.shared import protocol
     from tether.shared.door import Door
     from tether.shared.door_conn import Conn
@@ -45,65 +53,6 @@ if TYPE_CHECKING:
     from tether.shared.paths import Layout, RunDir
     from tether.shared.timers import Timers
 
-
-# ---- the parts that other parts reach through the agent ------------------------------------
-
-class SchedulerPart(Protocol):
-    """scheduler.py's ``Scheduler``, as effects.py, launcher.py and recovery.py use it."""
-
-    def launched(self, job_id: int, started_at: str) -> None: ...
-    def released(self, job_id: int) -> None: ...
-    def started(self, job: Job) -> None: ...
-    def running(self, job: Job) -> None: ...
-
-
-class ClusterPart(Protocol):
-    """cluster.py's ``ClusterNode``, as the node's own parts use it."""
-
-    @property
-    def info(self) -> NodeInfo: ...
-    @property
-    def state(self) -> str: ...
-    def job_ended(self, job: Job) -> None: ...
-    def job_running(self, job: Job) -> None: ...
-    def fence_spec(self, local_job: int) -> dict[str, Any] | None: ...
-
-
-class ClusterRequestsPart(Protocol):
-    """cluster_api.py's ``ClusterRequests``, as api.py and cluster.py use it."""
-
-    @property
-    def kinds(self) -> frozenset[str]: ...
-    def dispatch(self, peer: Conn, req: protocol.Request) -> Any: ...
-    def job_changed(self, job: int) -> None: ...
-
-
-class PersonsPart(Protocol):
-    """persons.py's ``Persons``, as api.py uses it."""
-
-    def status(self) -> dict[str, Any]: ...
-
-
-class PurgePart(Protocol):
-    """retention.py's ``Purge``, as answering.py uses it."""
-
-    def soon(self) -> None: ...
-
-
-class TallyPart(Protocol):
-    """retention.py's ``Tally``, as its own functions reach it through the agent."""
-
-    def of(self, db: Store, uid: int | None) -> int: ...
-    def add(self, uid: int | None, size: int) -> None: ...
-
-
-class MetricsPart(Protocol):
-    """metrics.py's ``Metrics``, as reload.py uses it."""
-
-    def configure(self) -> None: ...
-
-
-# ---- the agent, as each part sees it ---------------------------------------------------------
 
 class RequestArgsAgent(Protocol):
     """What request_args.py uses of the agent."""
