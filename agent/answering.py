@@ -19,7 +19,7 @@ from tether.shared.door import answer
 from tether.shared.door_conn import Conn
 
 if TYPE_CHECKING:
-    from tether.agent.daemon import Agent
+    from tether.agent.view import AnsweringAgent as Agent
 
 log = logging.getLogger("tether.agent")
 

@@ -48,7 +48,7 @@ from tether.shared.step_cgroup import CgroupError
 from tether.shared.timers import rfc3339_now
 
 if TYPE_CHECKING:
-    from tether.agent.daemon import Agent
+    from tether.agent.view import ApiAgent as Agent
 
 log = logging.getLogger("tether.agent")
 

@@ -39,7 +39,6 @@ import secrets
 import socket
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import psycopg
@@ -57,7 +56,8 @@ from tether.shared.cluster_sql import CHANNEL_ASK, CHANNEL_JOB, CHANNEL_QUEUE, d
 from tether.shared.errors import TetherError
 
 if TYPE_CHECKING:
-    from tether.agent.daemon import Agent
+    from tether.agent.config import ClusterConfig
+    from tether.agent.view import ClusterAgent as Agent
 
 log = logging.getLogger("tether.agent.cluster")
 
@@ -66,16 +66,6 @@ LEAVE_WAIT = 12.0
 #: jobs in a row this node could not start, after which it drains itself (a broken install
 #: would otherwise take and fail the whole queue; Slurm drains such a node too)
 DRAIN_AFTER = 3
-
-
-@dataclass(frozen=True)
-class ClusterConfig:
-    #: the node's own connection string (its role and password): never logged, never shown
-    dsn: str = field(repr=False)
-    #: seconds between heartbeats
-    heartbeat: float = 2.0
-    #: a login node: serves its users' requests and the cluster, owns no resources
-    login: bool = False
 
 
 class ClusterNode:

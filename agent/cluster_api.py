@@ -47,7 +47,7 @@ from tether.shared.parking import Lot
 from tether.shared.protocol import arg_int, arg_number, check_known
 
 if TYPE_CHECKING:
-    from tether.agent.daemon import Agent
+    from tether.agent.view import ClusterApiAgent as Agent
 
 log = logging.getLogger("tether.agent.cluster")
 

@@ -9,10 +9,19 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from tether.agent.cluster import ClusterConfig
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    """How a node takes part in a cluster (``--cluster-dsn``, ...: cluster.py); here rather
+    than there so that the configuration imports no part of the agent."""
+
+    #: the node's own connection string (its role and password): never logged, never shown
+    dsn: str = field(repr=False)
+    #: seconds between heartbeats
+    heartbeat: float = 2.0
+    #: a login node: serves its users' requests and the cluster, owns no resources
+    login: bool = False
 
 
 @dataclass

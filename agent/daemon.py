@@ -72,6 +72,7 @@ from tether.shared.paths import Layout
 from tether.shared.timers import Timers
 
 if TYPE_CHECKING:
+    from tether.agent import view
     from tether.agent.cluster import ClusterNode
     from tether.agent.cluster_api import ClusterRequests
 
@@ -80,6 +81,27 @@ log = logging.getLogger("tether.agent")
 #: supervisors' messages and exits, and reattach probes, handled in one turn of the loop at
 #: most (requests, signals and finished syncs are never held back): a turn stays ~20-40 ms
 TURN_EVENTS = 32
+
+
+if TYPE_CHECKING:
+    def _seen_as_each_part_sees_it(agent: Agent) -> None:
+        """For mypy only: ``Agent`` is every protocol of view.py, its nested parts included (a
+        method bound from a part checks only the outer members, not what they return)."""
+        _requestargs: view.RequestArgsAgent = agent
+        _retention: view.RetentionAgent = agent
+        _api: view.ApiAgent = agent
+        _clusterapi: view.ClusterApiAgent = agent
+        _answering: view.AnsweringAgent = agent
+        _cluster: view.ClusterAgent = agent
+        _effects: view.EffectsAgent = agent
+        _follow: view.FollowAgent = agent
+        _groupcommit: view.GroupCommitAgent = agent
+        _launcher: view.LauncherAgent = agent
+        _metrics: view.MetricsAgent = agent
+        _persons: view.PersonsAgent = agent
+        _recovery: view.RecoveryAgent = agent
+        _reload: view.ReloadAgent = agent
+        _scheduler: view.SchedulerAgent = agent
 
 
 class Agent:

@@ -35,7 +35,7 @@ from tether.shared.faults import agent_fault
 from tether.shared.timers import rfc3339_now
 
 if TYPE_CHECKING:
-    from tether.agent.daemon import Agent
+    from tether.agent.view import EffectsAgent as Agent
 
 log = logging.getLogger("tether.agent")
 

@@ -33,7 +33,7 @@ from tether.shared.paths import RunDir
 from tether.shared.procid import ProcId, proc_stat
 
 if TYPE_CHECKING:
-    from tether.agent.daemon import Agent
+    from tether.agent.view import FollowAgent as Agent
 
 log = logging.getLogger("tether.agent")
 

@@ -27,7 +27,7 @@ from tether.agent.config import AgentError
 from tether.shared.faults import agent_fault
 
 if TYPE_CHECKING:
-    from tether.agent.daemon import Agent
+    from tether.agent.view import GroupCommitAgent as Agent
 
 log = logging.getLogger("tether.agent")
 

@@ -32,7 +32,7 @@ import tether
 from tether.shared import stamps
 
 if TYPE_CHECKING:
-    from tether.agent.daemon import Agent
+    from tether.agent.view import MetricsAgent as Agent
     from tether.shared.timers import Timer
 
 log = logging.getLogger("tether.agent")

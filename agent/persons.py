@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from tether.shared import subids
 
 if TYPE_CHECKING:
-    from tether.agent.daemon import Agent
+    from tether.agent.view import PersonsAgent as Agent
 
 log = logging.getLogger("tether.agent")
 

@@ -24,7 +24,7 @@ from tether.agent.ledger import Conflict
 from tether.shared.paths import RunDir
 
 if TYPE_CHECKING:
-    from tether.agent.daemon import Agent
+    from tether.agent.view import RecoveryAgent as Agent
 
 log = logging.getLogger("tether.agent")
 

@@ -19,7 +19,7 @@ from tether.shared.errors import BadRequest, NotFound, PermissionDenied
 from tether.shared.protocol import arg_int, arg_number, arg_str
 
 if TYPE_CHECKING:
-    from tether.agent.daemon import Agent
+    from tether.agent.view import RequestArgsAgent as Agent
 
 #: Jobs one submission may depend on, arrays counted element by element.
 MAX_DEPENDENCIES = 1000

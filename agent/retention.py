@@ -51,8 +51,8 @@ from tether.shared.errors import LimitError, TetherError
 from tether.shared.timers import Timer
 
 if TYPE_CHECKING:
-    from tether.agent.daemon import Agent
     from tether.agent.db import Store
+    from tether.agent.view import RetentionAgent as Agent
 
 log = logging.getLogger("tether.agent")
 

@@ -33,7 +33,7 @@ from tether.shared import stamps
 from tether.shared.timers import Timer
 
 if TYPE_CHECKING:
-    from tether.agent.daemon import Agent
+    from tether.agent.view import SchedulerAgent as Agent
 
 log = logging.getLogger("tether.agent")
 

@@ -85,7 +85,7 @@ def agent_cluster(ns: argparse.Namespace) -> Any:
                 raise CliError(f"agent: {flag} needs a cluster (--cluster-file FILE)",
                                EXIT_USAGE)
         return None
-    from tether.agent.cluster import ClusterConfig
+    from tether.agent.config import ClusterConfig
 
     return ClusterConfig(dsn=dsn, heartbeat=ns.heartbeat or 2.0, login=bool(ns.login))
 
