@@ -5,7 +5,7 @@ Under the installation's prefix (``/usr/local`` for a system pip, the venv's own
 ``share/doc/tether`` (README, LICENSE, docs/), ``share/tether/systemd`` (the unit and the slice,
 to copy to /etc/systemd/system: docs/operations.md), ``share/man/man1/tether.1`` and the
 completions where bash-completion and zsh look (the man page and the completions are written
-from the parser by scripts/doc_tables.py; tests/test_doc_tables.py keeps them in step).
+from the parser by scripts/doc_tables.py; tests/unit/test_doc_tables.py keeps them in step).
 
 ``TETHER_BUILD_BASE`` (set by scripts/tether_build.py for every wheel) moves setuptools'
 scratch space out of the checkout: a checkout's ``build/`` holds the links of its editable

@@ -174,7 +174,8 @@ def step_processes(job: Job | None) -> set[int]:
         if leader is not None and leader.start_ticks > t0:
             session = None  # reused: that session is someone else's now
     if session is None:
-        return set()  # a process group alone could be a reused pid's (tests/test_pid_reuse.py)
+        # a process group alone could be a reused pid's (tests/integration/test_pid_reuse.py)
+        return set()
     found = set()
     for st in all_processes():
         if not st.dead and st.start_ticks >= t0 and st.session == session:

@@ -15,7 +15,7 @@ Effects that change the database come first in any list (``Kill`` excepted: kill
 step's leftovers is idempotent), so when such a write fails (a full state directory) the agent
 keeps the old machine and feeds the same event again later: nothing else was done yet.
 
-Invariants (``tests/test_lifecycle.py`` checks them on random event sequences):
+Invariants (``tests/unit/test_lifecycle.py`` checks them on random event sequences):
   - ``Finalize`` is emitted at most once per machine, ``Requeue`` at most once, never both;
   - ``Release`` is emitted exactly once for a machine that held an allocation and reaches a
     final state by finalizing or requeueing, never for one that did not hold it;

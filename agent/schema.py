@@ -37,7 +37,7 @@ log = logging.getLogger("tether.agent")
 #   3. bump ``tether.__version__`` and add a line to the release notes in docs/operations.md:
 #      an agent older than this schema refuses to start on it, so that release can no longer be
 #      rolled back to without restoring the backup taken before the migration;
-#   4. add the version to the refusal test in tests/test_schema.py if it matters.
+#   4. add the version to the refusal test in tests/integration/test_schema.py if it matters.
 # Each migration and its user_version bump commit in one transaction, so a crash mid-way
 # leaves the database at the previous version, whole. Before migrating a database that already
 # holds jobs, the agent copies it to ``<db>.v<old version>`` (an operator's way back).

@@ -6,7 +6,7 @@ strings, ints, floats, booleans and None, which this writes exactly as ``json.du
 defaults does (``ensure_ascii``, ``", "`` and ``": "``, ``NaN``/``Infinity``, non-string keys
 as json turns them into strings), strings escaped by the very C function json uses. Anything
 else (another type, a subclass, a nesting too deep) goes to ``json.dumps`` itself, so that its
-output or its error is json's. ``tests/test_cli_jsonout.py`` compares the two.
+output or its error is json's. ``tests/unit/test_cli_jsonout.py`` compares the two.
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@ test-only fault switches, Slurm's options as tether's submit takes them; and who
 from the parser that a package installs (``FILES``: the man page, bash's and zsh's completion).
 
     python scripts/doc_tables.py          # rewrite them in place
-    python scripts/doc_tables.py --check  # exit 1 if a document differs (tests/test_doc_tables.py)
+    python scripts/doc_tables.py --check  # exit 1 if a document differs
+                                          # (tests/unit/test_doc_tables.py)
 
 Each table sits between ``<!-- generated: NAME -->`` and ``<!-- end generated -->``; the prose
 around it is written by hand.

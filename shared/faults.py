@@ -36,7 +36,7 @@ FAULTS = (
     Fault(AGENT, "crash-before-sync[:N]", "the agent",
           "at its Nth database sync (default 1) with replies, spawns or requests held behind "
           "it, the agent SIGKILLs itself after those writes' commits and before their fsync: "
-          "nothing held has been sent (`tests/test_group_commit.py`)"),
+          "nothing held has been sent (`tests/integration/test_group_commit.py`)"),
     Fault(AGENT, "hold-lookup", "the agent",
           "the lookup of a job's user at launch (on the worker thread) creates `lookup.held` "
           "in the state directory and waits for `lookup.go` there, as a hung user database "

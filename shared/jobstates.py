@@ -4,7 +4,7 @@ A node's agent moves its jobs through these states in SQLite (``agent/job.py`` t
 names from here; the attempt's own machine, ``agent/lifecycle.py``, decides when); the cluster
 moves its jobs through the same states in PostgreSQL, and the guards of the functions that do it
 (``shared/cluster_funcs.py``) are written from this table, not beside it: a move is allowed
-from exactly the states ``MOVES`` lists. ``tests/test_jobstates.py`` checks the table's
+from exactly the states ``MOVES`` lists. ``tests/integration/test_jobstates.py`` checks the table's
 invariants and, on a real PostgreSQL, that each function allows a move from those states and
 refuses it from every other.
 

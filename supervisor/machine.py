@@ -17,7 +17,7 @@ States (``PHASE`` below says which phase of step.py each one is):
                                  +--linger, record durable--> gone
 
 Crash windows on the supervisor's side (docs/architecture.md, sections 4b and 7;
-tests/test_supervisor_machine.py checks each as a row of a table):
+tests/unit/test_supervisor_machine.py checks each as a row of a table):
   - no task is forked before the ``launching`` manifest is durable: ``Fork`` only follows
     ``LaunchRecorded``, which effects.py feeds only after that write, so a supervisor that dies
     before it leaves "never ran" (requeued) and one that dies after it "lost" (never run twice);

@@ -1,7 +1,7 @@
 """The PMI-1 and PMI-2 wire codec: bytes <-> (command, attributes). Pure: no state, no I/O.
 
 Why a module of its own: the codec is what MPICH's and Slurm's clients dictate byte for byte,
-and it is tested on its own (tests/test_pmi_protocol.py); the server (pmi.py) decides what the
+and it is tested on its own (tests/unit/test_pmi_protocol.py); the server (pmi.py) decides what the
 messages mean. PMI-1 is one line ``cmd=name k=v k=v\\n``: values without spaces, at most
 ``MAX_LINE_V1`` bytes with the newline. PMI-2 is a 6-character decimal length (left- or
 right-justified: clients and Hydra parse it with atoi), then that many bytes of

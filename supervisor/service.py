@@ -196,7 +196,7 @@ class Supervisor(Effects, Requests, Claims, Terminating, Reaping, PmiLoop, Recor
             self.reap()
         for sig in got & set(IGNORED_SIGNALS):
             # (the fault first: a supervisor that says "ignored" and then dies misleads
-            # whoever reads the log, tests/test_template.py among them)
+            # whoever reads the log, tests/integration/test_template.py among them)
             if sig == signal.SIGUSR2 and faults.supervisor_fault("error-on-usr2"):
                 raise RuntimeError("test fault: an error nothing in the loop expects")
             log.warning("received %s: ignored", signal_name(sig))

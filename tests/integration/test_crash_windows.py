@@ -169,7 +169,7 @@ def test_running_job_whose_run_dir_vanished_is_lost_not_requeued(node: Node) -> 
 
 def test_allocation_conflict_at_restart_is_not_adopted(make_node: type[Node]) -> None:
     """Only ids two running jobs claim are a conflict (a node restarted smaller keeps its
-    running steps: tests/test_exact_resources.py). Staged by editing the database."""
+    running steps: tests/integration/test_exact_resources.py). Staged by editing the database."""
     node = make_node(cpus=4)
     node.start()
     first = node.submit("sleep", "30", opts=("--cpus", "2"))

@@ -4,7 +4,7 @@ data in msgpack, and the previous release's format (a pickle of 0.6.0's objects,
 
 The state here is made without a supervisor (a step, a PMI server part-way through a barrier,
 the rest plain values), so each side of the format is checked field by field; the whole
-re-exec, with live tasks, is tests/test_upgrade_supervisors.py's.
+re-exec, with live tasks, is tests/integration/test_upgrade_supervisors.py's.
 """
 
 from __future__ import annotations

@@ -150,7 +150,7 @@ def _manifests_written(fd: int) -> list[str]:
 def test_a_claimed_step_writes_no_ready_manifest(node: Node) -> None:
     """``ready`` on disk means what no manifest means (never ran): a step claimed at once
     writes only ``launching`` and ``running`` (each renamed into place); one left unclaimed
-    writes ``ready`` (tests/test_restart.py)."""
+    writes ``ready`` (tests/integration/test_restart.py)."""
     libc = ctypes.CDLL(None, use_errno=True)
     node.start(env={"TETHER_AGENT_FAULT": "hold-spawn-prep"})
     job = node.submit("true")

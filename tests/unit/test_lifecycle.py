@@ -164,10 +164,10 @@ ROWS = [
 #: The rows that involve no machine, each with the test (real processes) that checks its outcome.
 ELSEWHERE = {
     # a submit is one transaction; a pending job has no attempt and so no machine: after a
-    # crash there is no job or one whole pending job (tests/test_group_commit.py)
+    # crash there is no job or one whole pending job (tests/integration/test_group_commit.py)
     "1": "test_a_submit_is_not_answered_before_its_sync",
     # the job is final and its directory half removed: the next start removes the rest and
-    # changes nothing (tests/test_crash_windows.py)
+    # changes nothing (tests/integration/test_crash_windows.py)
     "17": "test_a_half_removed_run_directory_of_an_ended_job_is_removed_and_nothing_else",
 }
 
