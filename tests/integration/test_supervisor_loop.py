@@ -88,7 +88,10 @@ def adopting() -> Iterator[None]:
 def test_an_unexpected_error_in_the_loop_ends_the_supervisor_and_the_agent_judges(
         adopting: None, node: Node) -> None:
     try:
-        node.start(env={"TETHER_SUPERVISOR_FAULT": "error-on-usr2"})
+        # cold: a warm supervisor is the template's child until the template leaves (the
+        # template reaps it), a cold one is re-parented to this subreaper, which sees its status
+        node.start(env={"TETHER_SUPERVISOR_FAULT": "error-on-usr2",
+                        "TETHER_AGENT_FAULT": "no-template"})
         job = node.submit("sh", "-c", "sleep 300 & sleep 300; wait", opts=("--cpus", "2"))
         node.wait_state(job, ("running",))
         man = node.running_manifest(job)
