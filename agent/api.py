@@ -22,14 +22,13 @@ from typing import TYPE_CHECKING, Any
 import msgpack
 
 import tether
-from tether.agent import acct, batch, containers, fallback, retention, users
+from tether.agent import acct, batch, fallback, retention, users
 from tether.agent.job import ACTIVE, FINAL, Job
 from tether.agent.ledger import Request as ResourceRequest
 from tether.agent.request_args import (
     abs_path_arg,
     array_arg,
     batch_args,
-    container_arg,
     expand_paths,
     index_arg,
     one_job,
@@ -40,7 +39,7 @@ from tether.agent.request_args import (
     task_paths,
 )
 from tether.agent.schema import SCHEMA_VERSION
-from tether.shared import container_spec, jobopts, protocol, records
+from tether.shared import jobopts, protocol, records
 from tether.shared.door_conn import Conn
 from tether.shared.errors import BadRequest, ResourceError, StateError, TetherError, UnknownKind
 from tether.shared.protocol import arg_int, arg_number, arg_str, arg_str_list, check_known
@@ -153,16 +152,8 @@ def submit(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
     if args.get("requeue") is not None:
         raise BadRequest("--no-requeue applies to cluster jobs: this agent is no cluster's "
                          "member")
-    sub = submission_args(args, req.kind, extra=("requeue", "script", "slurm_env",
-                                                 "container"))
+    sub = submission_args(args, req.kind, extra=("requeue", "script", "slurm_env"))
     script, slurm_env = batch_args(args)  # a batch script's copy; Slurm's variable names
-    container = container_arg(args)
-    if container is not None and not agent.cfg.container_remap_root and \
-            container_spec.needs_root_inside(str(container.get("runtime", "")),
-                                             bool(container.get("remap_root"))):
-        raise BadRequest("this node does not let a container job be root inside its user "
-                         "namespace (--container-remap-root, and runc, which needs it): the "
-                         "agent's --container-remap-root allows it")
     command, cpus, gpus, memory, ntasks, umask, workdir, env, name, pmi, output, error, \
         user_name = (sub[k] for k in ("command", "cpus", "gpus", "memory_mb", "ntasks", "umask",
                                       "workdir", "env", "name", "pmi", "output", "error",
@@ -238,8 +229,6 @@ def submit(agent: Agent, peer: Peer, req: protocol.Request) -> Any:
                         agent.db.set_sched(i, **sched, **element)
                 if script is not None or slurm_env:  # one row for all the elements
                     batch.record(agent.db, job_id, count, script, slurm_env)
-                if container is not None:
-                    containers.record(agent.db, job_id, count, container)
                 agent.db.commit()
             except BaseException:
                 agent.db.rollback()

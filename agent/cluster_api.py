@@ -57,7 +57,7 @@ CARRIED = frozenset({"command", "name", "cpus", "gpus", "memory_mb", "ntasks", "
                      "workdir", "env", "pmi", "user", "umask", "hold", "requeue", "time_limit",
                      "dependency", "array", "begin", "script", "slurm_env"})
 #: submission arguments a cluster job does not carry yet: refused, never silently dropped
-NOT_YET: tuple[str, ...] = ("container",)
+NOT_YET: tuple[str, ...] = ()
 #: the default output names of a cluster job (its id is the cluster's: no node needed)
 DEFAULT_OUTPUT = "tether-%j.out"
 DEFAULT_ARRAY_OUTPUT = "tether-%A_%a.out"
@@ -166,8 +166,7 @@ class ClusterRequests:
         from tether.agent.api import submission_args
 
         args = req.args
-        sub = submission_args(args, req.kind, extra=("requeue", "script", "slurm_env",
-                                                     *NOT_YET))
+        sub = submission_args(args, req.kind, extra=("requeue", "script", "slurm_env"))
         dropped = uncarried(args)
         if dropped:
             raise BadRequest(f"{', '.join(dropped)} not supported for cluster jobs yet")

@@ -85,10 +85,6 @@ class AgentConfig:
     submit_check_timeout: float = 5.0
     #: MiB a step's PMI key-value store may hold (supervisor/pmi_kvs.py)
     pmi_store_mb: int = 16
-    #: the OCI runtime of container steps that name none (``--container-runtime``)
-    container_runtime: str = "crun"
-    #: container jobs may be root inside their user namespace (``--container-remap-root``)
-    container_remap_root: bool = False
     #: the template's end, the metrics (above)
     service: ServiceConfig = field(default_factory=ServiceConfig)
     #: per-user limits, fair share, retention (above)

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 import shutil
 import time
 from collections.abc import Callable
@@ -30,7 +29,6 @@ from tether.agent import acct, fallback, lifecycle, lifecycle_effects, lifecycle
 from tether.agent.db import StoreFull
 from tether.agent.follow import RETRY_UNRESPONSIVE
 from tether.agent.job import Job
-from tether.shared import container_spec
 from tether.shared.faults import agent_fault
 from tether.shared.timers import rfc3339_now
 
@@ -167,10 +165,6 @@ def outward(agent: Agent, m: lifecycle.Machine,
             agent.contain.clean(m.job, m.attempt)
             fallback.kill_leftovers(agent.layout.run_dir(m.job, m.attempt),
                                     agent.db.get(m.job))
-            # a container's runtime state, left by a killed supervisor (its user's files:
-            # rmtree works by fd and follows no link)
-            shutil.rmtree(os.path.join(agent.layout.run_dir(m.job, m.attempt).path,
-                                       container_spec.OCI_DIR), ignore_errors=True)
         elif isinstance(eff, lifecycle_effects.RemoveRunDir):
             shutil.rmtree(agent.layout.run_dir(m.job, m.attempt).path, ignore_errors=True)
         else:  # pragma: no cover - the effect union is closed

@@ -17,12 +17,11 @@ from typing import TYPE_CHECKING, Any
 
 import tether
 import tether.shared.records
-from tether.agent import batch, containers, fallback, lifecycle, lifecycle_events, users
+from tether.agent import batch, fallback, lifecycle, lifecycle_events, users
 from tether.agent.group_commit import wait_for_go
 from tether.agent.job import Job
 from tether.agent.ledger import Request
 from tether.agent.spawn_prep import SpawnError
-from tether.shared import container_spec
 from tether.shared.errors import TetherError
 from tether.shared.faults import agent_fault
 
@@ -147,12 +146,6 @@ def spec_of(agent: Agent, job: Job) -> dict[str, Any]:
     if slurm_env:
         spec["slurm_env"] = True  # Slurm's names of the job variables too (supervisor/launch.py)
         spec["node"] = agent.cfg.node
-    container = containers.of(agent.db, job)
-    if container is not None:  # the supervisor runs it (supervisor/container.py)
-        rd = agent.layout.run_dir(job.id, job.attempt)
-        spec["container"] = {**container,
-                             "runtime": container.get("runtime") or agent.cfg.container_runtime,
-                             "dir": os.path.join(rd.path, container_spec.OCI_DIR)}
     if agent.cluster is not None:
         fence = agent.cluster.fence_spec(job.id)
         if fence is not None:

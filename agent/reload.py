@@ -70,8 +70,6 @@ LIVE: dict[str, Callable[[Agent, Any], None]] = {
     "max-time": _cfg("max_time"), "claim-timeout": _cfg("claim_timeout"),
     "linger": _cfg("linger"), "default-memory-mb": _default_memory, "log-level": _log_level,
     "pmi-store-mb": _cfg("pmi_store_mb"), "submit-check-timeout": _check_timeout,
-    "container-runtime": _cfg("container_runtime"),
-    "container-remap-root": _cfg("container_remap_root"),
     "stop-for-good": _service("stop_for_good"), "metrics-file": _service("metrics_file"),
     "metrics-interval": _service("metrics_interval"),
     "max-queued-per-user": _limit("max_queued"), "max-running-per-user": _limit("max_running"),

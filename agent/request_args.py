@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from tether.agent import users
 from tether.agent.job import Job
-from tether.shared import batch, container_spec, jobopts, outpattern
+from tether.shared import batch, jobopts, outpattern
 from tether.shared.door_conn import Conn
 from tether.shared.errors import BadRequest, NotFound, PermissionDenied
 from tether.shared.protocol import arg_int, arg_number, arg_str
@@ -210,19 +210,6 @@ def batch_args(args: Any) -> tuple[bytes | None, bool]:
     if not isinstance(slurm_env, bool):
         raise BadRequest("argument 'slurm_env' must be true or false")
     return script, slurm_env
-
-
-def container_arg(args: Any) -> dict[str, Any] | None:
-    """``submit --container``: the root filesystem, the image's environment, the mounts and
-    the runtime (shared/container_spec.py), checked; paths only: the agent opens none of
-    them (the runtime does, as the user)."""
-    value = args.get("container")
-    if value is None:
-        return None
-    try:
-        return container_spec.check_request(value)
-    except ValueError as exc:
-        raise BadRequest(str(exc)) from None
 
 
 def array_arg(args: Any) -> tuple[list[int], int | None]:

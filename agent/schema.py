@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import tether
-from tether.agent import acct, batch, containers
+from tether.agent import acct, batch
 
 if TYPE_CHECKING:
     from tether.agent.store_api import StoreApi as Store
@@ -156,10 +156,6 @@ MIGRATIONS: list[Migration] = [
     Migration("indexes of the jobs by user (issue 27: per-user limits and fair share)",
               sql("CREATE INDEX IF NOT EXISTS jobs_state_user ON jobs(state, uid, id)",
                   "CREATE INDEX IF NOT EXISTS jobs_user ON jobs(uid, state)")),
-    # Issue 31: a container submission's root filesystem, image environment, mounts and
-    # runtime, one row for a job or an array, as job_batch's (agent/containers.py).
-    Migration("job_container: the container a submission runs in (issue 31)",
-              lambda conn: containers.create(conn)),
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

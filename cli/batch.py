@@ -35,8 +35,7 @@ SBATCH_NAMES = frozenset((
     "-n", "--ntasks", "--ntasks-per-node", "-c", "--cpus-per-task", "--mem", "-G", "--gpus",
     "-J", "--job-name", "-o", "--output", "-e", "--error", "-t", "--time", "-D", "--chdir",
     "--workdir", "--export", "-a", "--array", "-d", "--dependency", "-b", "--begin", "-H",
-    "--hold", "-W", "--wait", "--no-requeue", "--container", "--container-mounts",
-    "--container-remap-root"))
+    "--hold", "-W", "--wait", "--no-requeue"))
 #: what no directive may say (it would not be an option of the job)
 _REFUSED = frozenset(("-h", "--help", "--state-dir"))
 

@@ -60,24 +60,6 @@ def submit(layout: Layout, ns: argparse.Namespace) -> int:
         args["slurm_env"] = True
     if getattr(ns, "no_requeue", False):
         args["requeue"] = False
-    if getattr(ns, "container", None) is not None:
-        from tether.cli.container_arg import container_arg  # container jobs only
-
-        path = ns.container
-        if "/" not in path:  # an imported image's name (tether image import)
-            from tether.cli.cmd_image import resolve
-
-            found = resolve(layout.state_dir, path)
-            if found is None and not os.path.isdir(path):
-                raise CliError(f"submit: --container {path}: no such image ('tether image "
-                               "list') and no such directory", EXIT_USAGE)
-            path = found or path
-        args["container"] = container_arg(path, ns.container_mounts, ns.container_runtime,
-                                          ns.container_remap_root)
-    elif getattr(ns, "container_mounts", None) or getattr(ns, "container_runtime", None) or \
-            getattr(ns, "container_remap_root", False):
-        raise CliError("submit: --container-mounts, --container-runtime and "
-                       "--container-remap-root need --container", EXIT_USAGE)
     if os.geteuid() == 0:
         root_owned(layout)
     from tether.shared.framing import FrameTooLarge  # the client has it loaded already

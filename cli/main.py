@@ -38,7 +38,7 @@ VERBS = {
     "signal": "cmd_attach:signal", "top": "cmd_top:top",
     "upgrade-supervisors": "cmd_upgrade:upgrade_supervisors",
     "suspend": "cmd_suspend:suspend", "resume": "cmd_suspend:resume", "acct": "cmd_acct:acct",
-    "nodes": "cluster:cmd_nodes", "drain": "cluster:cmd_drain", "image": "cmd_image:image",
+    "nodes": "cluster:cmd_nodes", "drain": "cluster:cmd_drain",
 }
 # verbs that need no agent: they take the Namespace only
 LOCAL = {"completion": "completion:completion", "man": "manpage:man"}

@@ -119,18 +119,6 @@ def add_submit(sub: Any) -> None:
                    help="give the tasks Slurm's names of the job variables too (SLURM_JOB_ID, "
                    "SLURM_PROCID, SLURM_ARRAY_TASK_ID, ...): never by default, since some MPI "
                    "libraries that see SLURM_* try to run srun")
-    s.add_argument("--container", metavar="PATH|NAME",
-                   help="run each task in a container: PATH is an OCI bundle (config.json and "
-                   "rootfs/), a root filesystem directory or the name of an image ('tether "
-                   "image list'); as you, with your home and the working directory mounted "
-                   "(docs/containers.md)")
-    s.add_argument("--container-mounts", metavar="SRC[:DST][:ro],...",
-                   help="with --container: more directories to mount, comma-separated")
-    s.add_argument("--container-runtime", choices=["crun", "runc"],
-                   help="with --container: the OCI runtime (default: the node's, crun)")
-    s.add_argument("--container-remap-root", action="store_true",
-                   help="with --container: be root inside the container (still you outside; "
-                   "only where the node allows it)")
     s.add_argument("--no-requeue", action="store_true",
                    help="on a cluster's node: if the job's node goes down, fail the job instead "
                    "of running it again elsewhere")

@@ -94,13 +94,6 @@ def add_agent(sub: Any) -> None:
     a.add_argument("--pmi-store-mb", type=positive, default=16, metavar="MB",
                    help="the most memory a step's PMI key-value store may hold, in MiB (each "
                    "entry counted with its overhead); a put past it is refused (default 16)")
-    a.add_argument("--container-runtime", default="crun", choices=["crun", "runc"],
-                   help="the OCI runtime of container jobs (submit --container) that name "
-                   "none (default crun; docs/containers.md)")
-    a.add_argument("--container-remap-root", action="store_true",
-                   help="let container jobs run as root inside their user namespace (submit "
-                   "--container-remap-root, and runc, which needs it): still the user outside, "
-                   "with no privilege of root's (default: never)")
     a.add_argument("--max-queued-per-user", type=non_negative, default=1000, metavar="N",
                    help="the most pending jobs one user may have (each array element "
                    "counted; Slurm's MaxSubmitJobs): a submission past it is refused; 0: no "
@@ -262,26 +255,6 @@ def add_cluster(sub: Any) -> None:
                       help="required: the node and every process of its jobs are gone")
     down.add_argument("--cluster-file", metavar="FILE", help=ADMIN_DSN_HELP)
     add_json(down, "what was done: the node, jobs requeued, jobs ended")
-
-
-def add_image(sub: Any) -> None:
-    s = verb(sub, "image", "import and list the node's container images (submit --container)",
-             "The node's container images, each an OCI bundle in the state directory's "
-             "images/ that 'submit --container NAME' runs (docs/containers.md).")
-    isub = s.add_subparsers(dest="image_cmd", metavar="ACTION", parser_class=type(s),
-                            required=True)
-    imp = isub.add_parser("import", prog="tether image import",
-                          help="unpack an image archive as image NAME",
-                          description="Unpack FILE, an OCI image archive (a tar of an OCI "
-                          "image layout, as 'skopeo copy ... oci-archive:FILE' writes) or a "
-                          "root filesystem tarball, as image NAME (with skopeo and umoci). The "
-                          "state directory's owner only (root, for the node's agent).")
-    imp.add_argument("name", metavar="NAME", help="the image's name (letters, digits, . _ -)")
-    imp.add_argument("file", metavar="FILE.tar", help="the archive")
-    lst = isub.add_parser("list", prog="tether image list", help="list the images",
-                          description="List the node's images: name, kind, when imported, "
-                          "from which file.")
-    add_json(lst, "an array of image objects")
 
 
 def add_nodes(sub: Any) -> None:

@@ -184,7 +184,6 @@ def build_parser(argv: list[str] | None = None) -> Parser:
         add_cluster,
         add_completion,
         add_drain,
-        add_image,
         add_man,
         add_nodes,
         add_status,
@@ -203,7 +202,7 @@ def build_parser(argv: list[str] | None = None) -> Parser:
     adders = (add_agent, add_status, add_submit, add_list, add_show, add_wait, add_cancel,
               add_hold, add_release, add_inspect, add_attach, add_signal, add_top, add_upgrade,
               add_completion, add_man, add_cluster, add_nodes, add_drain, add_suspend, add_resume,
-              add_acct, add_image)
+              add_acct)
     name = verb_of(argv) if argv is not None else None
     one = [a for a in adders if name is not None and _VERB_OF_ADDER.get(
         a.__name__, a.__name__[4:].replace("_", "-")) == name]

@@ -120,24 +120,15 @@ SLURM_OPTIONS: list[tuple[str, tuple[str, ...], str]] = [
     ("-W, --wait", ("-W", "--wait"), "exits with the job's exit code"),
     ("--no-requeue", ("--no-requeue",), "on a cluster's node"),
     ("--uid=USER", ("--user",), "root only"),
-    ("--container=PATH", ("--container",), "an OCI bundle, or a root filesystem directory or "
-     "an imported image's name (`tether image list`); tether writes the runtime's "
-     "configuration: rootless, as the user, in the step's cgroup (docs/containers.md)"),
-    ("--container-mounts, --container-remap-root (pyxis)",
-     ("--container-mounts", "--container-remap-root"), "pyxis's `SRC[:DST][:ro]`; root inside "
-     "only where the agent has `--container-remap-root`; no `--container-image` (import the "
-     "image first)"),
     ("-N, --nodes", (), "none: a job runs on the node whose agent takes it"),
     ("-p, --partition, -A, --account, -q, --qos", (), "none"),
     ("--mem-per-cpu, --mem-per-gpu", (), "none: `--mem` for the job"),
     ("--gres, --gpus-per-task, --constraint, --exclusive", (), "none"),
     ("-i, --input, --open-mode", (), "none: stdin is `/dev/null`, outputs are truncated"),
     ("--signal, --mail-type, --mail-user", (), "none"),
-    ("", ("--pmi", "--env", "--json", "--export-slurm-env", "--container-runtime"),
-     "tether's own: PMI served by "
+    ("", ("--pmi", "--env", "--json", "--export-slurm-env"), "tether's own: PMI served by "
      "the step's supervisor, one variable at a time, the job object as JSON, Slurm's names of "
-     "the job variables (`SLURM_JOB_ID`, ...) beside tether's, never by default, the OCI "
-     "runtime of a container job (crun, runc)"),
+     "the job variables (`SLURM_JOB_ID`, ...) beside tether's, never by default"),
 ]
 
 

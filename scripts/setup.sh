@@ -17,11 +17,8 @@
 #                                  completion is loaded by a real zsh), groff-base
 #                                  (the man page is rendered) and tmux (`tether top` runs in a
 #                                  real terminal) and systemd (`systemd-analyze verify` checks
-#                                  contrib/systemd's unit; systemd need not run), iproute2
-#                                  (`ss` sees a listening socket's backlog), crun and
-#                                  runc (the OCI runtimes of container steps), umoci and skopeo
-#                                  (tether image import) and busybox-static (a root filesystem
-#                                  of one file for the container tests). Missing, each
+#                                  contrib/systemd's unit; systemd need not run) and iproute2
+#                                  (`ss` sees a listening socket's backlog). Missing, each
 #                                  fails the tests that need it (tests/needs.py)
 # Debian's /usr/bin/python3 is used (not a pyenv shim): it starts fast and other users can run it.
 set -euo pipefail
@@ -33,8 +30,7 @@ target="."
 case "${1:-}" in
     "") ;;
     --cluster) packages+=(postgresql);;
-    --tests) packages+=(mpich libmpich-dev libpmi2-0-dev hwloc-nox postgresql zsh groff-base tmux systemd
-                        iproute2 crun runc umoci skopeo busybox-static)
+    --tests) packages+=(mpich libmpich-dev libpmi2-0-dev hwloc-nox postgresql zsh groff-base tmux systemd iproute2)
              target=".[test]";;
     *) echo "usage: bash scripts/setup.sh [--cluster|--tests]" >&2; exit 2;;
 esac

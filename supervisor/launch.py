@@ -148,16 +148,6 @@ def argv_of(spec: dict[str, Any]) -> list[str]:
     return spec["command"] if head is None else [*head, *spec["command"][1:]]
 
 
-def _containers(spec: dict[str, Any]) -> Any:
-    """A container step's runtime side; imported for such a step only."""
-    from tether.supervisor.container import Containers
-
-    try:
-        return Containers(spec)
-    except OSError as exc:
-        raise LaunchFailed(f"cannot run the container: {exc}") from None
-
-
 def _skip_rest(step: Step, why: str) -> None:
     """Ranks never started count as done, so the step can end."""
     for task in step.tasks:
@@ -192,8 +182,6 @@ class Launcher:
         self.after_first: Callable[[], None] | None = None
         #: a batch job's script while the tasks are started (``script_fd``)
         self.script: int | None = None
-        #: a container step's runtime side (``submit --container``; supervisor/container.py)
-        self.containers: Any = None
 
     def launch(self, spec: dict[str, Any], step: Step, opened: Opened | LaunchFailed) -> None:
         """Start every task on what the opener handed back (or record why it could not).
@@ -214,8 +202,6 @@ class Launcher:
         try:
             try:
                 self.script = script_fd(spec)
-                if spec.get("container"):
-                    self.containers = _containers(spec)
             except LaunchFailed as exc:
                 step.tasks[0].record_launch_failure(str(exc))
                 step.note_exit(step.tasks[0])
@@ -256,15 +242,6 @@ class Launcher:
         # The directory the opener entered as the user, by its fd: a link swapped in at the
         # path since then changes nothing (the child's chdir runs before it drops to the user).
         cwd = f"/proc/self/fd/{wd}"
-        if self.containers is not None:  # the runtime's run, as the user (container.py)
-            try:
-                argv, env, pass_fds, who = self.containers.wrap(
-                    task.rank, argv, env, pass_fds, who, spec["workdir"])
-            except OSError as exc:
-                task.record_launch_failure(f"cannot set up the container: {exc}")
-                if self.spawned is not None:
-                    self.spawned(task.rank)
-                return
         try:
             with self.contain(), _pinned(task.rank, spec["affinity"][task.rank]):
                 before = boot_ticks()

@@ -15,24 +15,17 @@ import logging
 import os
 import signal
 import time
-from typing import Any
 
 from tether.shared.timers import rfc3339_now
 from tether.supervisor.machine_events import AllReaped, Drained
 from tether.supervisor.state import SupervisorState, killpg
-from tether.supervisor.step import Phase, bounded, signal_name, usage_of
+from tether.supervisor.step import Phase, signal_name, usage_of
 from tether.supervisor.sweeper import read_children, scan_children
 
 log = logging.getLogger("tether.supervisor")
 
 #: How often a step's cgroup is looked at while its killed processes leave it.
 DRAIN_POLL = 0.005
-
-
-def container_ended(spec: dict[str, Any], rank: int, status: int) -> tuple[int, str | None]:
-    from tether.supervisor.container import ended  # container steps only
-
-    return ended(spec, rank, status)
 
 
 class Reaping(SupervisorState):
@@ -59,12 +52,7 @@ class Reaping(SupervisorState):
             self.sweeper.note_reaped(pid)
             self.launcher.reaped(pid, status)
             if task is not None:
-                why = None
-                if self.spec.get("container"):  # the runtime's status: the container's own
-                    status, why = container_ended(self.spec, task.rank, status)
                 task.record_status(status, rusage)
-                if why:
-                    task.reason = bounded(why)
                 self.step.note_exit(task)
                 how = (f"killed by {signal_name(task.signal)}" if task.signal is not None
                        else f"exited with code {task.exit_code}")

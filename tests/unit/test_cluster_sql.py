@@ -55,12 +55,10 @@ def test_a_submit_option_the_cluster_does_not_carry_is_refused() -> None:
     from tether.agent.api import SUBMIT_ARGS
     from tether.agent.cluster_api import CARRIED, NOT_YET, uncarried
 
-    assert set(SUBMIT_ARGS) | {"requeue", "script", "slurm_env", "container"} == \
-        CARRIED | set(NOT_YET)
+    assert set(SUBMIT_ARGS) | {"requeue", "script", "slurm_env"} == CARRIED | set(NOT_YET)
     assert uncarried({"command": ["true"], "time_limit": 60.0, "array": None,
                       "dependency": "afterok:1"}) == []
     assert uncarried({"later_option": 5, "array": None}) == ["--later-option"]
-    assert uncarried({"container": {"rootfs": "/r"}}) == ["--container"]  # a node's own, yet
 
 
 def test_a_cluster_jobs_dependencies_and_priority_read_as_a_nodes() -> None:
